@@ -1,0 +1,495 @@
+//! `Builder`: workers, handlers, retry policy, retention, clock; `build()` starts the pool.
+
+use std::any::TypeId;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, ManualClock};
+use crate::context::Context;
+use crate::error::BuildError;
+use crate::pool::Pool;
+use crate::registry::{Entry, Registry};
+use crate::retry::{HandlerError, RetryPolicy};
+use crate::store::memory::{Retention, Shared};
+use crate::sync::{self, Arc};
+use crate::task::TaskType;
+use crate::worker;
+
+/// Options for one task type, given to [`Builder::register_with`]. Unset options fall back to
+/// the pool's ([`Builder::max_attempts`], [`Builder::retry_policy`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{RetryPolicy, TypeOptions};
+///
+/// let options = TypeOptions::new()
+///     .max_attempts(10)
+///     .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TypeOptions {
+    max_attempts: Option<u32>,
+    retry: Option<RetryPolicy>,
+}
+
+impl TypeOptions {
+    /// Options that all fall back to the pool's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = taskq::TypeOptions::new();
+    /// # let _ = options;
+    /// ```
+    pub fn new() -> Self {
+        TypeOptions::default()
+    }
+
+    /// How many times a task of this type may run (the first run included). Must be at least 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let once = taskq::TypeOptions::new().max_attempts(1);
+    /// # let _ = once;
+    /// ```
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// The backoff between this type's attempts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let fast = taskq::TypeOptions::new()
+    ///     .retry_policy(taskq::RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(50)));
+    /// # let _ = fast;
+    /// ```
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+}
+
+/// A handler waiting for the pool's defaults to be known.
+struct Pending {
+    entry: Entry,
+    options: TypeOptions,
+}
+
+/// Builds a [`Pool`]: how many workers, which handlers, how to retry, how long to remember
+/// finished tasks.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{HandlerError, Pool, TaskType, TypeOptions};
+///
+/// const UPLOAD: TaskType<Vec<u8>, usize> = TaskType::new("upload");
+///
+/// let pool = Pool::builder()
+///     .workers(4)
+///     .max_attempts(5)
+///     .register_with(UPLOAD, TypeOptions::new().max_attempts(8), |_, bytes: &Vec<u8>| {
+///         Ok::<_, HandlerError>(bytes.len())
+///     })
+///     .retention(1_000, Some(Duration::from_secs(600)))
+///     .thread_name("uploader")
+///     .build()?;
+/// assert_eq!(pool.submit(UPLOAD.task(vec![1, 2, 3]))?.wait().succeeded(), Some(3));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Builder {
+    workers: Option<usize>,
+    max_attempts: u32,
+    retry: RetryPolicy,
+    pending: Vec<Pending>,
+    duplicate: Option<&'static str>,
+    retention: Retention,
+    clock: Clock,
+    seed: Option<u64>,
+    thread_name: String,
+    stack_size: Option<usize>,
+}
+
+impl Builder {
+    /// A builder with the defaults below.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = taskq::Builder::new();
+    /// # let _ = builder;
+    /// ```
+    pub fn new() -> Self {
+        Builder {
+            workers: None,
+            max_attempts: 3,
+            retry: RetryPolicy::default(),
+            pending: Vec::new(),
+            duplicate: None,
+            retention: Retention {
+                max_count: 10_000,
+                max_age: Some(Duration::from_secs(3600)),
+            },
+            clock: Clock::System,
+            seed: None,
+            thread_name: "taskq-worker".to_owned(),
+            stack_size: None,
+        }
+    }
+
+    /// Sets the number of worker threads. Defaults to the number of CPUs
+    /// (`std::thread::available_parallelism`). Zero makes [`build`](Builder::build) fail with
+    /// [`BuildError::ZeroWorkers`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = taskq::Pool::builder().workers(3).build()?;
+    /// assert_eq!(pool.stats().workers, 3);
+    /// # Ok::<(), taskq::BuildError>(())
+    /// ```
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Sets how many times a task may run (the first run included) for types that do not set
+    /// their own. Defaults to 3. Zero makes [`build`](Builder::build) fail with
+    /// [`BuildError::ZeroMaxAttempts`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = taskq::Pool::builder().max_attempts(10);
+    /// # let _ = builder;
+    /// ```
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Sets the backoff for types that do not set their own. Defaults to
+    /// [`RetryPolicy::default`]: base 100 ms, cap 10 s. A cap so long that it overflows when added
+    /// to the current time makes [`build`](Builder::build) fail with
+    /// [`BuildError::DurationOverflow`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let builder = taskq::Pool::builder()
+    ///     .retry_policy(taskq::RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(5)));
+    /// # let _ = builder;
+    /// ```
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Registers the handler of task type `ty`, with the pool's default options.
+    ///
+    /// The handler gets the task's [`Context`] and a reference to its payload (the pool keeps the
+    /// payload for retries and dead letters). It may capture state (a client, a connection pool);
+    /// it runs on many threads at once, hence `Send + Sync`. Registering a name twice makes
+    /// [`build`](Builder::build) fail with [`BuildError::DuplicateType`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const COUNT: TaskType<u64, u64> = TaskType::new("count");
+    /// let total = Arc::new(AtomicU64::new(0));
+    /// let sum = Arc::clone(&total);
+    /// let pool = Pool::builder()
+    ///     .register(COUNT, move |_, n: &u64| Ok::<_, HandlerError>(sum.fetch_add(*n, Ordering::SeqCst) + n))
+    ///     .build()?;
+    /// pool.submit(COUNT.task(5))?.wait();
+    /// assert_eq!(total.load(Ordering::SeqCst), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register<P, O, F>(self, ty: TaskType<P, O>, handler: F) -> Self
+    where
+        P: Send + 'static,
+        O: Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        self.register_with(ty, TypeOptions::default(), handler)
+    }
+
+    /// Registers the handler of task type `ty` with its own options.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType, TypeOptions};
+    ///
+    /// const ONCE: TaskType<(), ()> = TaskType::new("once");
+    /// let pool = Pool::builder()
+    ///     .register_with(ONCE, TypeOptions::new().max_attempts(1), |_, _: &()| {
+    ///         Err::<(), _>(HandlerError::retryable("no second chance"))
+    ///     })
+    ///     .build()?;
+    /// assert!(pool.submit(ONCE.task(()))?.wait().is_failed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_with<P, O, F>(
+        mut self,
+        ty: TaskType<P, O>,
+        options: TypeOptions,
+        handler: F,
+    ) -> Self
+    where
+        P: Send + 'static,
+        O: Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        let name = ty.name();
+        if self.duplicate.is_none() && self.pending.iter().any(|p| p.entry.name == name) {
+            self.duplicate = Some(name);
+        }
+        let entry = Entry {
+            name,
+            payload: TypeId::of::<P>(),
+            output: TypeId::of::<O>(),
+            handler: Box::new(move |ctx, payload| {
+                let payload = payload
+                    .downcast_ref::<P>()
+                    .expect("payload type checked at submit");
+                handler(ctx, payload).map(|output| Box::new(output) as _)
+            }),
+            // Filled in by build() from the options or the pool's defaults.
+            max_attempts: 0,
+            retry: RetryPolicy::default(),
+        };
+        self.pending.push(Pending { entry, options });
+        self
+    }
+
+    /// Sets how many finished tasks the pool remembers, and for how long, so that handles can
+    /// read their status, idempotency keys keep working and dead letters can be listed. Records
+    /// beyond `max_count`, or older than `max_age`, are dropped, oldest first, whenever a task
+    /// finishes. Handles keep their outcomes regardless. Defaults to 10,000 tasks and one hour.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let builder = taskq::Pool::builder().retention(100_000, Some(Duration::from_secs(24 * 3600)));
+    /// # let _ = builder;
+    /// ```
+    pub fn retention(mut self, max_count: usize, max_age: Option<Duration>) -> Self {
+        self.retention = Retention { max_count, max_age };
+        self
+    }
+
+    /// Runs the pool on a [`ManualClock`]: delays, retries, handler sleeps and the shutdown
+    /// deadline then move only when the clock is advanced. For deterministic tests. Defaults to
+    /// the system clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
+    ///
+    /// const LATER: TaskType<(), ()> = TaskType::new("later");
+    /// let clock = ManualClock::new();
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .manual_clock(clock.clone())
+    ///     .register(LATER, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// let handle = pool.submit(LATER.task(()).delay(Duration::from_secs(3600)))?;
+    /// assert_eq!(handle.status(), TaskState::Scheduled);
+    /// clock.advance(Duration::from_secs(3600));
+    /// assert!(handle.wait().is_succeeded());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn manual_clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Clock::Manual(clock);
+        self
+    }
+
+    /// Seeds the random source of the retry jitter, so that backoffs repeat from run to run
+    /// (exactly so with one worker). Defaults to a seed from the operating system.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = taskq::Pool::builder().seed(42);
+    /// # let _ = builder;
+    /// ```
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Sets the worker threads' name prefix; each is named `{prefix}-{index}`. Defaults to
+    /// `taskq-worker`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = taskq::Pool::builder().thread_name("mailer");
+    /// # let _ = builder;
+    /// ```
+    pub fn thread_name(mut self, prefix: impl Into<String>) -> Self {
+        self.thread_name = prefix.into();
+        self
+    }
+
+    /// Sets the worker threads' stack size in bytes. Defaults to the standard library's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = taskq::Pool::builder().stack_size(4 << 20);
+    /// # let _ = builder;
+    /// ```
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = Some(bytes);
+        self
+    }
+
+    /// Checks the configuration and starts the workers.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::ZeroWorkers`], [`BuildError::DuplicateType`],
+    /// [`BuildError::ZeroMaxAttempts`], [`BuildError::DurationOverflow`] (a retry cap), or
+    /// [`BuildError::Spawn`] if a thread could not be started (the threads already started are
+    /// stopped first).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{BuildError, HandlerError, Pool, TaskType};
+    ///
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let twice = Pool::builder()
+    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .build();
+    /// assert!(matches!(twice, Err(BuildError::DuplicateType("job"))));
+    /// ```
+    pub fn build(self) -> Result<Pool, BuildError> {
+        let workers = match self.workers {
+            Some(0) => return Err(BuildError::ZeroWorkers),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        if let Some(name) = self.duplicate {
+            return Err(BuildError::DuplicateType(name));
+        }
+        if self.max_attempts == 0 {
+            return Err(BuildError::ZeroMaxAttempts(None));
+        }
+        check_cap(&self.retry)?;
+        let mut registry = Registry::default();
+        for Pending { mut entry, options } in self.pending {
+            entry.max_attempts = options.max_attempts.unwrap_or(self.max_attempts);
+            if entry.max_attempts == 0 {
+                return Err(BuildError::ZeroMaxAttempts(Some(entry.name)));
+            }
+            entry.retry = options.retry.unwrap_or(self.retry);
+            check_cap(&entry.retry)?;
+            registry
+                .insert(entry)
+                .expect("duplicates were refused above");
+        }
+
+        let shared = Arc::new(Shared::new(
+            registry,
+            self.clock,
+            self.retention,
+            workers,
+            self.seed,
+        ));
+        let sleeper: sync::Weak<Shared> = Arc::downgrade(&shared);
+        shared.clock().register(sleeper);
+
+        let mut handles = Vec::with_capacity(workers);
+        for index in 0..workers {
+            let worker_shared = Arc::clone(&shared);
+            let name = format!("{}-{index}", self.thread_name);
+            let spawned = sync::spawn(name, self.stack_size, move || {
+                let _exit = ExitGuard(&worker_shared);
+                let mut rng = worker_shared.worker_rng(index);
+                worker::run(&*worker_shared, &mut rng);
+            });
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(error) => {
+                    // Account for the workers that will never start, then stop the others.
+                    {
+                        let mut state = shared.lock();
+                        state.live_workers -= workers - index;
+                    }
+                    shared.stop_now();
+                    for handle in handles {
+                        let _ = handle.join();
+                    }
+                    return Err(BuildError::Spawn(error));
+                }
+            }
+        }
+        Ok(Pool::new(shared, handles))
+    }
+}
+
+/// The retry cap is added to the current time for every retry: it must not overflow.
+fn check_cap(policy: &RetryPolicy) -> Result<(), BuildError> {
+    match Instant::now().checked_add(policy.cap()) {
+        Some(_) => Ok(()),
+        None => Err(BuildError::DurationOverflow("the retry cap")),
+    }
+}
+
+/// Tells the pool a worker's loop ended, however it ended.
+struct ExitGuard<'a>(&'a Shared);
+
+impl Drop for ExitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.worker_exited();
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder::new()
+    }
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("workers", &self.workers)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry", &self.retry)
+            .field(
+                "types",
+                &self
+                    .pending
+                    .iter()
+                    .map(|p| p.entry.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("retention", &self.retention)
+            .field("clock", &self.clock)
+            .field("seed", &self.seed)
+            .field("thread_name", &self.thread_name)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,197 @@
+//! Where the engine reads the time: the system clock, or a [`ManualClock`] that tests move by hand.
+//!
+//! Every due time in the engine (a delayed task's `run_at`, a retry's backoff, the shutdown deadline,
+//! [`CancelToken::sleep`](crate::CancelToken::sleep)) is read through [`Clock`]. With the system
+//! clock, sleepers use timed waits. With a manual clock they wait without a timeout, and
+//! [`ManualClock::advance`] wakes them, so a test or a loom model moves time without sleeping and no
+//! progress ever depends on a timed wait firing.
+
+use std::fmt;
+
+use std::time::{Duration, Instant};
+
+use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Weak};
+
+/// Something that sleeps on the clock and must re-check its due time when a manual clock moves.
+pub(crate) trait Wake: Send + Sync {
+    /// Wakes every sleeper so it re-reads the time. Takes the sleeper's own lock before notifying,
+    /// so a sleeper between its check and its wait cannot miss the wake-up.
+    fn wake(&self);
+}
+
+/// The clock a pool runs on.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Clock {
+    /// `Instant::now()`, with timed waits.
+    #[default]
+    System,
+    /// A clock that moves only when [`ManualClock::advance`] is called.
+    Manual(ManualClock),
+}
+
+impl Clock {
+    pub(crate) fn now(&self) -> Instant {
+        match self {
+            Clock::System => Instant::now(),
+            Clock::Manual(clock) => clock.now(),
+        }
+    }
+
+    /// Waits on `cv` until notified or until this clock reaches `deadline` (`None`: no deadline).
+    ///
+    /// May return early (spurious wake-ups, or a manual clock that moved but not far enough):
+    /// callers loop on their condition.
+    pub(crate) fn wait_until<T>(
+        &self,
+        cv: &Condvar,
+        guard: &mut MutexGuard<'_, T>,
+        deadline: Option<Instant>,
+    ) {
+        match (self, deadline) {
+            (Clock::System, Some(deadline)) => cv.wait_until(guard, deadline),
+            // A manual clock's advance() notifies every registered sleeper.
+            _ => cv.wait(guard),
+        }
+    }
+
+    /// Registers a sleeper to be woken when a manual clock moves; nothing for the system clock.
+    pub(crate) fn register(&self, sleeper: Weak<dyn Wake>) {
+        if let Clock::Manual(clock) = self {
+            clock.register(sleeper);
+        }
+    }
+}
+
+/// A clock that only moves when told to: deterministic tests of delays, retries and deadlines.
+///
+/// Give it to [`Builder::manual_clock`](crate::Builder::manual_clock). The pool then reads all
+/// due times from it, and [`advance`](ManualClock::advance) wakes every worker, handler sleep and
+/// shutdown that waits on it. Clones share one time.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::ManualClock;
+///
+/// let clock = ManualClock::new();
+/// let start = clock.now();
+/// clock.advance(Duration::from_secs(5));
+/// assert_eq!(clock.now() - start, Duration::from_secs(5));
+/// ```
+#[derive(Clone)]
+pub struct ManualClock {
+    inner: Arc<ManualInner>,
+}
+
+struct ManualInner {
+    /// The real instant this clock started at; `now()` is `start + offset`.
+    start: Instant,
+    offset_nanos: AtomicU64,
+    sleepers: Mutex<Vec<Weak<dyn Wake>>>,
+}
+
+impl ManualClock {
+    /// Creates a manual clock that reads the current instant until it is advanced.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let clock = taskq::ManualClock::new();
+    /// assert_eq!(clock.now(), clock.now());
+    /// ```
+    pub fn new() -> Self {
+        ManualClock {
+            inner: Arc::new(ManualInner {
+                start: Instant::now(),
+                offset_nanos: AtomicU64::new(0),
+                sleepers: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The clock's current time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let clock = taskq::ManualClock::new();
+    /// let before = clock.now();
+    /// clock.advance(Duration::from_millis(1));
+    /// assert!(clock.now() > before);
+    /// ```
+    pub fn now(&self) -> Instant {
+        let offset = Duration::from_nanos(self.inner.offset_nanos.load(Ordering::SeqCst));
+        self.inner.start + offset
+    }
+
+    /// Moves the clock forward by `by` and wakes everything that sleeps on it.
+    ///
+    /// The clock saturates about 584 years after it was created.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let clock = taskq::ManualClock::new();
+    /// let start = clock.now();
+    /// clock.advance(Duration::from_secs(1));
+    /// clock.advance(Duration::from_secs(2));
+    /// assert_eq!(clock.now() - start, Duration::from_secs(3));
+    /// ```
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let mut current = self.inner.offset_nanos.load(Ordering::SeqCst);
+        loop {
+            let next = current.saturating_add(by);
+            match self.inner.offset_nanos.compare_exchange(
+                current,
+                next,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        // Collect the live sleepers, then wake them without holding the list's lock: a sleeper's
+        // wake() takes that sleeper's own lock.
+        let live: Vec<Arc<dyn Wake>> = {
+            let mut sleepers = self.inner.sleepers.lock();
+            sleepers.retain(|s| s.strong_count() > 0);
+            sleepers.iter().filter_map(Weak::upgrade).collect()
+        };
+        for sleeper in live {
+            sleeper.wake();
+        }
+    }
+
+    fn register(&self, sleeper: Weak<dyn Wake>) {
+        let mut sleepers = self.inner.sleepers.lock();
+        // Keep the list from growing with sleepers that are gone (tokens of finished tasks).
+        if sleepers.len() >= 64 && sleepers.len().is_power_of_two() {
+            sleepers.retain(|s| s.strong_count() > 0);
+        }
+        sleepers.push(sleeper);
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock::new()
+    }
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManualClock")
+            .field(
+                "offset",
+                &Duration::from_nanos(self.inner.offset_nanos.load(Ordering::SeqCst)),
+            )
+            .finish()
+    }
+}

@@ -1,0 +1,196 @@
+//! The public error types, one per operation.
+
+use std::fmt;
+
+use crate::task::{TaskId, TaskState};
+
+/// Why [`Builder::build`](crate::Builder::build) refused to build a pool.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{BuildError, Pool};
+/// assert!(matches!(Pool::builder().workers(0).build(), Err(BuildError::ZeroWorkers)));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A pool needs at least one worker.
+    #[error("a pool needs at least one worker")]
+    ZeroWorkers,
+    /// Two handlers were registered for one task type name.
+    #[error("a handler is already registered for task type `{0}`")]
+    DuplicateType(&'static str),
+    /// A task type (or the pool default, `None`) was given `max_attempts(0)`.
+    #[error("max attempts must be at least 1 (task type {})", .0.unwrap_or("default"))]
+    ZeroMaxAttempts(Option<&'static str>),
+    /// A duration so long that adding it to the current time overflows (a retry cap, say).
+    #[error("the duration for {0} is too long to add to the current time")]
+    DurationOverflow(&'static str),
+    /// The operating system refused to start a worker thread.
+    #[error("could not spawn a worker thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// Why a submit was refused. It hands the task back: [`into_task`](SubmitError::into_task).
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{HandlerError, Pool, SubmitErrorKind, TaskType};
+///
+/// const KNOWN: TaskType<u8, ()> = TaskType::new("known");
+/// const UNKNOWN: TaskType<u8, ()> = TaskType::new("unknown");
+/// let pool = Pool::builder().workers(1).register(KNOWN, |_, _: &u8| Ok::<_, HandlerError>(())).build()?;
+/// let err = pool.submit(UNKNOWN.task(9)).unwrap_err();
+/// assert_eq!(err.kind(), &SubmitErrorKind::UnknownType("unknown"));
+/// assert_eq!(err.into_task().into_payload(), 9);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(thiserror::Error)]
+#[error("submit refused: {kind}")]
+pub struct SubmitError<T> {
+    kind: SubmitErrorKind,
+    task: T,
+}
+
+impl<T> SubmitError<T> {
+    pub(crate) fn new(kind: SubmitErrorKind, task: T) -> Self {
+        SubmitError { kind, task }
+    }
+
+    /// Why the submit was refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, SubmitErrorKind, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// pool.shutdown(std::time::Duration::from_secs(1));
+    /// let err = pool.submit(JOB.task(())).unwrap_err();
+    /// assert_eq!(err.kind(), &SubmitErrorKind::ShutDown);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn kind(&self) -> &SubmitErrorKind {
+        &self.kind
+    }
+
+    /// The refused task, to retry elsewhere or inspect.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<String, ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &String| Ok::<_, HandlerError>(())).build()?;
+    /// pool.shutdown(std::time::Duration::ZERO);
+    /// let task = pool.submit(JOB.task("keep me".into())).unwrap_err().into_task();
+    /// assert_eq!(task.payload(), "keep me");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn into_task(self) -> T {
+        self.task
+    }
+}
+
+impl<T> fmt::Debug for SubmitError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubmitError")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The reason inside a [`SubmitError`].
+///
+/// # Examples
+///
+/// ```
+/// use taskq::SubmitErrorKind;
+/// assert_eq!(SubmitErrorKind::ShutDown.to_string(), "the pool is shutting down");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitErrorKind {
+    /// Shutdown has begun (or the pool was dropped): no new tasks are accepted.
+    #[error("the pool is shutting down")]
+    ShutDown,
+    /// No handler is registered for this task type name.
+    #[error("no handler is registered for task type `{0}`")]
+    UnknownType(&'static str),
+    /// A handler is registered under this name, but for other payload or output types.
+    #[error("task type `{0}` is registered with other payload or output types")]
+    TypeMismatch(&'static str),
+    /// A dependency the pool does not know (never submitted, or already forgotten by retention).
+    #[error("dependency {0} is unknown to this pool")]
+    UnknownDependency(TaskId),
+    /// The idempotency key belongs to a task of another type.
+    #[error("idempotency key `{key}` belongs to {existing}, of task type `{existing_type}`")]
+    KeyConflict {
+        /// The key.
+        key: String,
+        /// The task that holds it.
+        existing: TaskId,
+        /// That task's type.
+        existing_type: &'static str,
+    },
+    /// The delay is too long: now + delay cannot be represented.
+    #[error("the delay is too long to add to the current time")]
+    TimeOverflow,
+}
+
+/// Why a cancel could not be carried out.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{CancelError, HandlerError, Pool, TaskType};
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let other = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// // An id from another pool means nothing here.
+/// let foreign = other.submit(JOB.task(()))?.id();
+/// assert_eq!(pool.cancel(foreign), Err(CancelError::UnknownTask(foreign)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CancelError {
+    /// The pool has no record of this task (never submitted here, or forgotten by retention).
+    #[error("{0} is unknown to this pool")]
+    UnknownTask(TaskId),
+    /// The pool behind this handle was dropped.
+    #[error("the pool of {0} is gone")]
+    PoolGone(TaskId),
+}
+
+/// Why a dead letter could not be resubmitted.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{HandlerError, Pool, ResubmitError, TaskState, TaskType};
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let handle = pool.submit(JOB.task(()))?;
+/// handle.wait();
+/// assert_eq!(pool.resubmit(handle.id()), Err(ResubmitError::NotDeadLetter(handle.id(), TaskState::Succeeded)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResubmitError {
+    /// The pool has no record of this task.
+    #[error("{0} is unknown to this pool")]
+    UnknownTask(TaskId),
+    /// The task is not a dead letter: it is in this state.
+    #[error("{0} is not a dead letter (it is {1})")]
+    NotDeadLetter(TaskId, TaskState),
+    /// The dead letter was already resubmitted, as the second task.
+    #[error("{0} was already resubmitted as {1}")]
+    AlreadyResubmitted(TaskId, TaskId),
+    /// Shutdown has begun.
+    #[error("the pool is shutting down")]
+    ShutDown,
+}

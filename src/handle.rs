@@ -1,0 +1,393 @@
+//! The handle a submit returns: wait for a task's outcome, read its state, cancel it.
+
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+use crate::error::CancelError;
+use crate::pool::CancelOutcome;
+use crate::store::memory::Shared;
+use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::task::{CancelReason, Failure, TaskId, TaskState};
+
+/// How a task ended.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{HandlerError, Outcome, Pool, TaskType};
+///
+/// const ADD: TaskType<(u32, u32), u32> = TaskType::new("add");
+/// let pool = Pool::builder().workers(1).register(ADD, |_, (a, b): &(u32, u32)| Ok::<_, HandlerError>(a + b)).build()?;
+/// match pool.submit(ADD.task((2, 3)))?.wait() {
+///     Outcome::Succeeded(sum) => assert_eq!(sum, 5),
+///     Outcome::Failed(failure) => panic!("failed: {failure}"),
+///     Outcome::Cancelled(reason) => panic!("cancelled: {reason}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome<O> {
+    /// The handler's output.
+    Succeeded(O),
+    /// The task was dead-lettered.
+    Failed(Failure),
+    /// The task was cancelled.
+    Cancelled(CancelReason),
+}
+
+impl<O> Outcome<O> {
+    /// The terminal state this outcome stands for.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{Outcome, TaskState};
+    /// assert_eq!(Outcome::Succeeded(1).state(), TaskState::Succeeded);
+    /// ```
+    pub fn state(&self) -> TaskState {
+        match self {
+            Outcome::Succeeded(_) => TaskState::Succeeded,
+            Outcome::Failed(_) => TaskState::Failed,
+            Outcome::Cancelled(_) => TaskState::Cancelled,
+        }
+    }
+
+    /// The output, if the task succeeded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(taskq::Outcome::Succeeded(7).succeeded(), Some(7));
+    /// ```
+    pub fn succeeded(self) -> Option<O> {
+        match self {
+            Outcome::Succeeded(output) => Some(output),
+            _ => None,
+        }
+    }
+
+    /// Whether the task succeeded.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(taskq::Outcome::Succeeded(()).is_succeeded());
+    /// ```
+    pub fn is_succeeded(&self) -> bool {
+        matches!(self, Outcome::Succeeded(_))
+    }
+
+    /// Whether the task was dead-lettered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{CancelReason, Outcome};
+    /// assert!(!Outcome::<()>::Cancelled(CancelReason::Requested).is_failed());
+    /// ```
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Outcome::Failed(_))
+    }
+
+    /// Whether the task was cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{CancelReason, Outcome};
+    /// assert!(Outcome::<()>::Cancelled(CancelReason::Shutdown).is_cancelled());
+    /// ```
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, Outcome::Cancelled(_))
+    }
+}
+
+/// A task's outcome as the engine stores it: the output is type-erased until a handle reads it.
+pub(crate) enum Finished {
+    Succeeded(Box<dyn Any + Send + Sync>),
+    Failed(Failure),
+    Cancelled(CancelReason),
+}
+
+impl Finished {
+    pub(crate) fn state(&self) -> TaskState {
+        match self {
+            Finished::Succeeded(_) => TaskState::Succeeded,
+            Finished::Failed(_) => TaskState::Failed,
+            Finished::Cancelled(_) => TaskState::Cancelled,
+        }
+    }
+}
+
+/// Where a task's outcome is published, once, for every handle to read.
+///
+/// It has its own lock, so waiters never touch the pool's lock while they wait or clone an output,
+/// and a slow waiter never holds up a worker. It outlives the task's record (retention may drop
+/// the record while handles remain).
+pub(crate) struct Completion {
+    outcome: Mutex<Option<Finished>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Completion {
+            outcome: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Publishes the outcome and wakes every waiter. Called once per task, without the pool lock.
+    pub(crate) fn publish(&self, finished: Finished) {
+        let mut outcome = self.outcome.lock();
+        debug_assert!(outcome.is_none(), "a task reached two terminal states");
+        *outcome = Some(finished);
+        self.cv.notify_all();
+    }
+
+    fn read<O: Clone + 'static>(finished: &Finished) -> Outcome<O> {
+        match finished {
+            Finished::Succeeded(output) => Outcome::Succeeded(
+                output
+                    .downcast_ref::<O>()
+                    .expect("output type checked at submit")
+                    .clone(),
+            ),
+            Finished::Failed(failure) => Outcome::Failed(failure.clone()),
+            Finished::Cancelled(reason) => Outcome::Cancelled(*reason),
+        }
+    }
+
+    fn state(&self) -> Option<TaskState> {
+        self.outcome.lock().as_ref().map(Finished::state)
+    }
+
+    fn wait_state(&self) -> TaskState {
+        let mut outcome = self.outcome.lock();
+        loop {
+            if let Some(finished) = outcome.as_ref() {
+                return finished.state();
+            }
+            self.cv.wait(&mut outcome);
+        }
+    }
+}
+
+/// A handle to a submitted task: wait for its outcome, read its state, cancel it.
+///
+/// Handles are cheap to clone; any number of threads may wait on one task. A handle stays valid
+/// after the pool forgets the task (see [`Builder::retention`](crate::Builder::retention)) and
+/// after the pool is dropped: every task reaches a terminal state, so every wait returns.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{HandlerError, Pool, TaskType};
+///
+/// const SQUARE: TaskType<u64, u64> = TaskType::new("square");
+/// let pool = Pool::builder().workers(2).register(SQUARE, |_, n: &u64| Ok::<_, HandlerError>(n * n)).build()?;
+/// let handle = pool.submit(SQUARE.task(12))?;
+/// let other = handle.clone();
+/// let waiter = std::thread::spawn(move || other.wait().succeeded());
+/// assert_eq!(handle.wait().succeeded(), Some(144));
+/// assert_eq!(waiter.join().unwrap(), Some(144));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct TaskHandle<O> {
+    id: TaskId,
+    completion: Arc<Completion>,
+    pool: Weak<Shared>,
+    _output: PhantomData<fn() -> O>,
+}
+
+impl<O> TaskHandle<O> {
+    pub(crate) fn new(id: TaskId, completion: Arc<Completion>, pool: Weak<Shared>) -> Self {
+        TaskHandle {
+            id,
+            completion,
+            pool,
+            _output: PhantomData,
+        }
+    }
+
+    /// The task's id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let handle = pool.submit(JOB.task(()))?;
+    /// assert_eq!(pool.status(handle.id()).map(|s| s.is_terminal() || !s.is_terminal()), Some(true));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// The task's current state.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskState, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let handle = pool.submit(JOB.task(()))?;
+    /// handle.wait();
+    /// assert_eq!(handle.status(), TaskState::Succeeded);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn status(&self) -> TaskState {
+        if let Some(state) = self.completion.state() {
+            return state;
+        }
+        match self.pool.upgrade().and_then(|pool| pool.status(self.id)) {
+            Some(state) => state,
+            // The pool forgot the task between the two reads: a record is dropped only once it is
+            // terminal, and its outcome is published right after, so this wait is short.
+            None => self.completion.wait_state(),
+        }
+    }
+
+    /// Whether the task has reached a terminal state (its outcome is available).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let handle = pool.submit(JOB.task(()))?;
+    /// handle.wait();
+    /// assert!(handle.is_finished());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_finished(&self) -> bool {
+        self.completion.state().is_some()
+    }
+
+    /// Cancels the task; the same as [`Pool::cancel`](crate::Pool::cancel) with this handle's id.
+    ///
+    /// # Errors
+    ///
+    /// [`CancelError::PoolGone`] if the pool was dropped, [`CancelError::UnknownTask`] if it
+    /// no longer remembers the task.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskq::{CancelReason, HandlerError, Outcome, Pool, TaskType};
+    ///
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let handle = pool.submit(JOB.task(()).delay(Duration::from_secs(60)))?;
+    /// handle.cancel()?;
+    /// assert_eq!(handle.wait(), Outcome::Cancelled(CancelReason::Requested));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel(&self) -> Result<CancelOutcome, CancelError> {
+        let pool = self.pool.upgrade().ok_or(CancelError::PoolGone(self.id))?;
+        pool.cancel(self.id)
+    }
+}
+
+impl<O: Clone + 'static> TaskHandle<O> {
+    /// Blocks until the task reaches a terminal state, and returns its outcome.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    /// const NEG: TaskType<i32, i32> = TaskType::new("neg");
+    /// let pool = Pool::builder().workers(1).register(NEG, |_, n: &i32| Ok::<_, HandlerError>(-n)).build()?;
+    /// assert_eq!(pool.submit(NEG.task(4))?.wait().succeeded(), Some(-4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait(&self) -> Outcome<O> {
+        let mut outcome = self.completion.outcome.lock();
+        loop {
+            if let Some(finished) = outcome.as_ref() {
+                return Completion::read(finished);
+            }
+            self.completion.cv.wait(&mut outcome);
+        }
+    }
+
+    /// Like [`wait`](TaskHandle::wait), but gives up after `timeout` (real time, not the pool's
+    /// clock) and returns `None`. A timeout too long to represent waits without one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let later = pool.submit(JOB.task(()).delay(Duration::from_secs(60)))?;
+    /// assert_eq!(later.wait_timeout(Duration::from_millis(1)), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Outcome<O>> {
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            return Some(self.wait());
+        };
+        let mut outcome = self.completion.outcome.lock();
+        loop {
+            if let Some(finished) = outcome.as_ref() {
+                return Some(Completion::read(finished));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            self.completion.cv.wait_until(&mut outcome, deadline);
+        }
+    }
+
+    /// The outcome if the task has finished, without blocking.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let later = pool.submit(JOB.task(()).delay(Duration::from_secs(60)))?;
+    /// assert_eq!(later.try_wait(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_wait(&self) -> Option<Outcome<O>> {
+        self.completion
+            .outcome
+            .lock()
+            .as_ref()
+            .map(Completion::read)
+    }
+}
+
+impl<O> Clone for TaskHandle<O> {
+    fn clone(&self) -> Self {
+        TaskHandle {
+            id: self.id,
+            completion: Arc::clone(&self.completion),
+            pool: Weak::clone(&self.pool),
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<O> fmt::Debug for TaskHandle<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskHandle")
+            .field("id", &self.id)
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}

@@ -1,0 +1,82 @@
+//! A task queue and worker pool for programs that do not use async.
+//!
+//! taskq runs typed tasks on a pool of OS threads: higher priorities first, delayed tasks at
+//! their time, failed tasks retried with exponential backoff and full jitter, tasks that keep
+//! failing (or panic) kept as dead letters, tasks that wait for other tasks, cancellation, and a
+//! graceful shutdown with a deadline. Delivery is at-least-once: a handler may run more than
+//! once for one task (retries), so make handlers idempotent.
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use taskq::{HandlerError, Pool, TaskType};
+//!
+//! // A task type: its name, its payload type and its handler's output type.
+//! const RESIZE: TaskType<(u32, u32), u64> = TaskType::new("resize");
+//!
+//! let pool = Pool::builder()
+//!     .workers(4)
+//!     .register(RESIZE, |ctx, &(w, h): &(u32, u32)| {
+//!         if ctx.is_cancelled() {
+//!             return Err(HandlerError::retryable("cancelled"));
+//!         }
+//!         if w == 0 || h == 0 {
+//!             // Retrying cannot fix this: straight to the dead letters.
+//!             return Err(HandlerError::permanent("empty image"));
+//!         }
+//!         Ok(u64::from(w) * u64::from(h))
+//!     })
+//!     .build()?;
+//!
+//! let urgent = pool.submit(RESIZE.task((640, 480)).priority(10))?;
+//! let later = pool.submit(RESIZE.task((0, 480)).delay(Duration::from_millis(10)))?;
+//! assert_eq!(urgent.wait().succeeded(), Some(307_200));
+//! assert!(later.wait().is_failed());
+//! assert_eq!(pool.dead_letters().len(), 1);
+//!
+//! let report = pool.shutdown(Duration::from_secs(5));
+//! assert_eq!((report.succeeded, report.failed), (1, 1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Design
+//!
+//! Workers block on one lock and condition variables that guard a ready queue (by priority,
+//! first-in first-out within one), a delayed heap (by due time; retries wait there too), the
+//! tasks blocked on dependencies, and the task records. A worker takes a task, releases the
+//! lock, runs the handler, and locks again to record the outcome. See `src/store/memory/mod.rs`
+//! for the wake-up protocol and `src/store/memory/state.rs` for the state machine's invariants.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs, missing_debug_implementations)]
+#![warn(unreachable_pub)]
+
+mod builder;
+mod cancel;
+mod clock;
+mod context;
+mod dead_letter;
+mod error;
+mod handle;
+mod pool;
+mod registry;
+mod retry;
+mod stats;
+mod store;
+mod sync;
+mod task;
+mod unwind;
+mod worker;
+
+pub use builder::{Builder, TypeOptions};
+pub use cancel::{CancelToken, Cancelled};
+pub use clock::ManualClock;
+pub use context::Context;
+pub use dead_letter::DeadLetter;
+pub use error::{BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind};
+pub use handle::{Outcome, TaskHandle};
+pub use pool::{CancelOutcome, Pool};
+pub use retry::{HandlerError, RetryPolicy};
+pub use stats::{ShutdownReport, Stats, TaskInfo, Totals};
+pub use task::{CancelReason, Failure, FailureReason, Task, TaskId, TaskState, TaskType};

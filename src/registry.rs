@@ -1,0 +1,63 @@
+//! The handlers, registered by task type when the pool is built and read without locks afterwards.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::context::Context;
+use crate::retry::{HandlerError, RetryPolicy};
+
+/// A handler with its payload and output types erased.
+pub(crate) type ErasedHandler = Box<
+    dyn Fn(&Context, &(dyn Any + Send)) -> Result<Box<dyn Any + Send + Sync>, HandlerError>
+        + Send
+        + Sync,
+>;
+
+/// One registered task type.
+pub(crate) struct Entry {
+    pub(crate) name: &'static str,
+    pub(crate) payload: TypeId,
+    pub(crate) output: TypeId,
+    pub(crate) handler: ErasedHandler,
+    pub(crate) max_attempts: u32,
+    pub(crate) retry: RetryPolicy,
+}
+
+/// Every registered task type, indexed by the position the engine stores in each task record.
+/// Immutable once the pool is built, so workers read it without a lock.
+#[derive(Default)]
+pub(crate) struct Registry {
+    entries: Vec<Entry>,
+    by_name: HashMap<&'static str, u32>,
+}
+
+impl Registry {
+    /// Adds an entry; `Err(name)` if the name is taken.
+    pub(crate) fn insert(&mut self, entry: Entry) -> Result<(), &'static str> {
+        let name = entry.name;
+        if self.by_name.contains_key(name) {
+            return Err(name);
+        }
+        let index = u32::try_from(self.entries.len()).expect("fewer than 2^32 task types");
+        self.by_name.insert(name, index);
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    pub(crate) fn index_of(&self, name: &str) -> Option<u32> {
+        self.by_name.get(name).copied()
+    }
+
+    pub(crate) fn entry(&self, index: u32) -> &Entry {
+        &self.entries[index as usize]
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| e.name))
+            .finish()
+    }
+}

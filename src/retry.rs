@@ -1,0 +1,215 @@
+//! Retries: the backoff policy (exponential with full jitter) and the handler's error, retryable or
+//! permanent.
+
+use std::error::Error;
+use std::fmt;
+use std::time::Duration;
+
+use rand::Rng;
+
+/// How long a failed task waits before its next attempt: exponential backoff with full jitter.
+///
+/// The delay before retry `n` (the wait after attempt `n` failed) is drawn uniformly from
+/// `[0, min(cap, base · 2^(n-1))]`. The bound saturates at `cap` for every `n`, so it never
+/// overflows. Defaults to a base of 100 ms and a cap of 10 s.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::RetryPolicy;
+///
+/// let policy = RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(10));
+/// assert_eq!(policy.max_delay(1), Duration::from_millis(100));
+/// assert_eq!(policy.max_delay(3), Duration::from_millis(400));
+/// assert_eq!(policy.max_delay(1_000), Duration::from_secs(10));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    base: Duration,
+    cap: Duration,
+}
+
+impl RetryPolicy {
+    /// A policy whose bound starts at `base` and doubles with every retry up to `cap`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let policy = taskq::RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60));
+    /// assert_eq!(policy.cap(), Duration::from_secs(60));
+    /// ```
+    pub const fn exponential(base: Duration, cap: Duration) -> Self {
+        RetryPolicy { base, cap }
+    }
+
+    /// The first retry's bound.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(taskq::RetryPolicy::default().base(), std::time::Duration::from_millis(100));
+    /// ```
+    pub const fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The largest bound.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(taskq::RetryPolicy::default().cap(), std::time::Duration::from_secs(10));
+    /// ```
+    pub const fn cap(&self) -> Duration {
+        self.cap
+    }
+
+    /// The upper bound of the delay before retry `retry` (1-based): `min(cap, base · 2^(retry-1))`.
+    /// Retry 0 is treated as retry 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let policy = taskq::RetryPolicy::default();
+    /// assert_eq!(policy.max_delay(2), Duration::from_millis(200));
+    /// assert_eq!(policy.max_delay(u32::MAX), Duration::from_secs(10));
+    /// ```
+    pub fn max_delay(&self, retry: u32) -> Duration {
+        let exponent = retry.saturating_sub(1);
+        let bound = 1u32
+            .checked_shl(exponent)
+            .and_then(|factor| self.base.checked_mul(factor))
+            .unwrap_or(self.cap);
+        bound.min(self.cap)
+    }
+
+    /// Draws the delay before retry `retry` from `rng`: uniform in `[0, max_delay(retry)]`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use rand::SeedableRng;
+    /// use std::time::Duration;
+    ///
+    /// let policy = taskq::RetryPolicy::default();
+    /// let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    /// let delay = policy.delay(4, &mut rng);
+    /// assert!(delay <= Duration::from_millis(800));
+    /// ```
+    pub fn delay<R: Rng + ?Sized>(&self, retry: u32, rng: &mut R) -> Duration {
+        let bound = u64::try_from(self.max_delay(retry).as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(rng.random_range(0..=bound))
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(10))
+    }
+}
+
+/// The error a handler returns: retryable (the default) or permanent.
+///
+/// Any `std::error::Error + Send + Sync + 'static` converts into a retryable `HandlerError`, so
+/// `?` works in handlers. Mark errors that retrying cannot fix (bad input, a 4xx answer) with
+/// [`HandlerError::permanent`]: the task then goes straight to the dead letters.
+///
+/// `HandlerError` deliberately does not implement `std::error::Error` itself (that would clash with
+/// the blanket conversion); [`source`](HandlerError::source) gives the wrapped error.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::HandlerError;
+///
+/// fn parse(input: &str) -> Result<u32, HandlerError> {
+///     // A malformed number will never parse: do not retry it.
+///     input.parse::<u32>().map_err(HandlerError::permanent)
+/// }
+///
+/// assert!(parse("x").unwrap_err().is_permanent());
+/// assert!(!HandlerError::retryable("timeout").is_permanent());
+/// ```
+pub struct HandlerError {
+    error: Box<dyn Error + Send + Sync>,
+    permanent: bool,
+}
+
+impl HandlerError {
+    /// A failure worth retrying (a timeout, a refused connection).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = taskq::HandlerError::retryable("connection refused");
+    /// assert_eq!(err.to_string(), "connection refused");
+    /// ```
+    pub fn retryable(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        HandlerError {
+            error: error.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure that retrying cannot fix: the task is dead-lettered after this attempt.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = taskq::HandlerError::permanent("invalid address");
+    /// assert!(err.is_permanent());
+    /// ```
+    pub fn permanent(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        HandlerError {
+            error: error.into(),
+            permanent: true,
+        }
+    }
+
+    /// Whether this error skips the remaining attempts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(!taskq::HandlerError::retryable("busy").is_permanent());
+    /// ```
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+
+    /// The wrapped error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = taskq::HandlerError::retryable("busy");
+    /// assert_eq!(err.source().to_string(), "busy");
+    /// ```
+    pub fn source(&self) -> &(dyn Error + Send + Sync + 'static) {
+        &*self.error
+    }
+}
+
+impl<E: Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        HandlerError::retryable(error)
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("error", &self.error)
+            .field("permanent", &self.permanent)
+            .finish()
+    }
+}

@@ -1,0 +1,141 @@
+//! Snapshots: the pool's counts, one task's details, and the shutdown report.
+
+use std::time::{Duration, Instant};
+
+use crate::task::{TaskId, TaskState};
+
+/// A snapshot of a pool, taken under its lock in time proportional to the number of priorities
+/// in use.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{HandlerError, Pool, TaskType};
+///
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// pool.submit(JOB.task(()).delay(Duration::from_secs(60)))?;
+/// let stats = pool.stats();
+/// assert_eq!(stats.scheduled, 1);
+/// assert_eq!(stats.totals.submitted, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Worker threads that have not exited.
+    pub workers: usize,
+    /// Tasks waiting for dependencies.
+    pub blocked: usize,
+    /// Tasks waiting for their run_at (delayed, or a retry's backoff).
+    pub scheduled: usize,
+    /// Tasks waiting for a worker.
+    pub ready: usize,
+    /// Tasks being run.
+    pub running: usize,
+    /// Terminal tasks the pool still remembers (see [`Builder::retention`](crate::Builder::retention)).
+    pub retained: usize,
+    /// Dead letters the pool still remembers.
+    pub dead_letters: usize,
+    /// Ready tasks per priority, highest priority first; only priorities with ready tasks.
+    pub ready_by_priority: Vec<(u8, usize)>,
+    /// How long the oldest ready task has waited for a worker.
+    pub oldest_ready: Option<Duration>,
+    /// Entries in the delayed heap, including those of cancelled tasks not yet swept.
+    pub delayed_entries: usize,
+    /// Counters since the pool was built.
+    pub totals: Totals,
+}
+
+/// Counters since the pool was built.
+///
+/// # Examples
+///
+/// ```
+/// let totals = taskq::Totals::default();
+/// assert_eq!(totals.submitted, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Totals {
+    /// Tasks accepted (resubmitted dead letters count again).
+    pub submitted: u64,
+    /// Tasks that succeeded.
+    pub succeeded: u64,
+    /// Tasks dead-lettered.
+    pub failed: u64,
+    /// Tasks cancelled.
+    pub cancelled: u64,
+    /// Retries scheduled.
+    pub retried: u64,
+}
+
+/// What the pool knows of one task.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{HandlerError, Pool, TaskState, TaskType};
+///
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let handle = pool.submit(JOB.task(()).priority(4).delay(Duration::from_secs(60)))?;
+/// let info = pool.info(handle.id()).unwrap();
+/// assert_eq!((info.state, info.priority, info.attempts), (TaskState::Scheduled, 4, 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskInfo {
+    /// The task's id.
+    pub id: TaskId,
+    /// Its type's name.
+    pub task_type: &'static str,
+    /// Its state.
+    pub state: TaskState,
+    /// Its priority.
+    pub priority: u8,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// When a scheduled (or blocked) task may run, on the pool's clock.
+    pub run_at: Option<Instant>,
+    /// The last error: of the failed attempt a retry waits on, or of a dead letter.
+    pub last_error: Option<String>,
+    /// The task a dead letter was resubmitted as.
+    pub resubmitted_as: Option<TaskId>,
+}
+
+/// What [`Pool::shutdown`](crate::Pool::shutdown) did.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{HandlerError, Pool, TaskType};
+///
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(2).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// for _ in 0..10 {
+///     pool.submit(JOB.task(()))?;
+/// }
+/// let report = pool.shutdown(Duration::from_secs(10));
+/// assert_eq!(report.succeeded, 10);
+/// assert!(!report.deadline_reached);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Tasks that succeeded over the pool's life.
+    pub succeeded: u64,
+    /// Tasks dead-lettered over the pool's life.
+    pub failed: u64,
+    /// Tasks cancelled over the pool's life (those the deadline cancelled included).
+    pub cancelled: u64,
+    /// Whether the deadline passed before the pool drained.
+    pub deadline_reached: bool,
+    /// How long the shutdown took (real time).
+    pub elapsed: Duration,
+}

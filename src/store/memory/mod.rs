@@ -1,0 +1,328 @@
+//! The embedded store: one lock over the task state, and the wake-up protocol of the workers.
+//!
+//! # Wake-up protocol
+//!
+//! Idle workers sleep in one of two places, both under the pool's one lock:
+//!
+//! * `work_cv`: untimed. `State::idle` counts the workers here.
+//! * `timer_cv`: at most one worker, the *timer*, sleeps here until the earliest due time of the
+//!   delayed heap (`State::timer_sleeping`). Only it uses a timed wait, so a thousand delayed
+//!   tasks never wake a hundred workers at once, and a pool with nothing delayed has no timed
+//!   wait at all: an idle pool wakes no thread.
+//!
+//! The rules that keep every ready task served (each checked under the lock):
+//!
+//! 1. A task becoming ready wakes one sleeper: an idle worker if there is one, else the timer.
+//! 2. A worker that takes a task while more are ready, or while delayed tasks have no timer,
+//!    wakes one more sleeper (the same choice), so wake-ups chain instead of being lost when two
+//!    notifications reach one waiter.
+//! 3. A new earliest due time wakes the timer (to shorten its sleep), or, with no timer, one
+//!    idle worker (to become it).
+//! 4. Closing the pool, stopping it, and the last outstanding task of a closed pool ending wake
+//!    everyone: workers re-check whether to exit, `shutdown` re-checks whether it is done.
+//! 5. A manual clock's advance wakes the timer and `shutdown` (their deadlines are on that clock)
+//!    and, with no timer, one idle worker.
+//!
+//! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
+//! that makes progress depends on a timed wait firing, which is what lets loom check it.
+
+mod queue;
+mod record;
+mod state;
+
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+pub(crate) use record::Effects;
+pub(crate) use state::{NewTask, Retention, State};
+
+use crate::clock::{Clock, Wake};
+use crate::dead_letter::DeadLetter;
+use crate::error::{CancelError, ResubmitError};
+use crate::pool::CancelOutcome;
+use crate::registry::Registry;
+use crate::stats::{Stats, TaskInfo, Totals};
+use crate::store::{Claim, RunOutcome, Store};
+use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
+use crate::task::{CancelReason, TaskId, TaskState};
+
+/// What the pool, its workers and its handles share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// Idle workers wait here (untimed).
+    work_cv: Condvar,
+    /// The timer waits here until the earliest due time.
+    timer_cv: Condvar,
+    /// `shutdown` waits here for the drain and for the workers to exit.
+    done_cv: Condvar,
+    /// Set when the pool closes: a submit fails fast without taking the lock.
+    closed: AtomicBool,
+    registry: Registry,
+    clock: Clock,
+    seed: Option<u64>,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        registry: Registry,
+        clock: Clock,
+        retention: Retention,
+        workers: usize,
+        seed: Option<u64>,
+    ) -> Self {
+        Shared {
+            state: Mutex::new(State::new(retention, workers)),
+            work_cv: Condvar::new(),
+            timer_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            closed: AtomicBool::new(false),
+            registry,
+            clock,
+            seed,
+        }
+    }
+
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The random source of worker `index`: seeded for deterministic tests, else from the OS.
+    pub(crate) fn worker_rng(&self, index: usize) -> SmallRng {
+        match self.seed {
+            Some(seed) => SmallRng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9E37_79B9)),
+            None => SmallRng::from_os_rng(),
+        }
+    }
+
+    // ===== wake-ups =====
+
+    /// Rule 1: one sleeper for one ready task.
+    fn wake_one(&self, state: &State) {
+        if state.idle > 0 {
+            self.work_cv.notify_one();
+        } else if state.timer_sleeping {
+            self.timer_cv.notify_one();
+        }
+    }
+
+    /// Applies the wake-up rules for what a transition did; call with the lock held.
+    pub(crate) fn notify(&self, state: &State, effects: &Effects) {
+        for _ in 0..effects.newly_ready.min(state.idle + 1) {
+            self.wake_one(state);
+        }
+        if effects.new_earliest {
+            // Rule 3.
+            if state.timer_sleeping {
+                self.timer_cv.notify_one();
+            } else if state.idle > 0 {
+                self.work_cv.notify_one();
+            }
+        }
+        if state.closed && state.outstanding() == 0 {
+            self.wake_all();
+        }
+    }
+
+    /// Rule 4.
+    fn wake_all(&self) {
+        self.work_cv.notify_all();
+        self.timer_cv.notify_all();
+        self.done_cv.notify_all();
+    }
+
+    /// Runs a transition under the lock, applies the wake-up rules, then carries out its effects
+    /// (publishing outcomes, dropping user values) after the lock is released.
+    pub(crate) fn transition<R>(
+        &self,
+        f: impl FnOnce(&mut State, Instant, &mut Effects) -> R,
+    ) -> R {
+        let mut effects = Effects::default();
+        let result = {
+            let mut state = self.state.lock();
+            let now = self.clock.now();
+            let result = f(&mut state, now, &mut effects);
+            self.notify(&state, &effects);
+            result
+        };
+        effects.apply();
+        result
+    }
+
+    // ===== operations =====
+
+    pub(crate) fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
+        self.transition(|state, now, effects| {
+            state.cancel(id, CancelReason::Requested, now, effects)
+        })
+    }
+
+    pub(crate) fn resubmit(&self, id: TaskId) -> Result<TaskId, ResubmitError> {
+        self.transition(|state, now, effects| state.resubmit(id, now, effects))
+    }
+
+    pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
+        self.state.lock().status(id)
+    }
+
+    pub(crate) fn info(&self, id: TaskId) -> Option<TaskInfo> {
+        self.state.lock().info(id, &self.registry)
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let now = self.clock.now();
+        self.state.lock().stats(now)
+    }
+
+    pub(crate) fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.state.lock().dead_letters(&self.registry)
+    }
+
+    /// Closes the pool to new tasks (idempotent). Returns the lock.
+    fn close(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock();
+        state.closed = true;
+        self.closed.store(true, Ordering::Release);
+        // Idle workers re-check whether anything is left to drain.
+        self.wake_all();
+        state
+    }
+
+    /// Closes the pool, lets the workers drain it until `deadline` (on the pool's clock; `None`
+    /// waits for the drain however long it takes), then stops it: whatever is left is cancelled
+    /// and running handlers see their tokens fire. Returns whether the deadline was reached.
+    pub(crate) fn drain(&self, deadline: Option<Instant>) -> bool {
+        let mut state = self.close();
+        let mut deadline_reached = false;
+        while state.outstanding() > 0 {
+            if deadline.is_some_and(|d| self.clock.now() >= d) {
+                deadline_reached = true;
+                break;
+            }
+            self.clock.wait_until(&self.done_cv, &mut state, deadline);
+        }
+        let mut effects = Effects::default();
+        let now = self.clock.now();
+        state.stop(now, &mut effects);
+        self.wake_all();
+        drop(state);
+        effects.apply();
+        deadline_reached
+    }
+
+    /// Stops the pool at once (used when it is dropped): cancels every task that has not started
+    /// and fires the tokens of running ones; does not wait.
+    pub(crate) fn stop_now(&self) {
+        let mut state = self.close();
+        let mut effects = Effects::default();
+        let now = self.clock.now();
+        state.stop(now, &mut effects);
+        self.wake_all();
+        drop(state);
+        effects.apply();
+    }
+
+    /// Waits until at most `allowed` worker threads are still running their loop.
+    pub(crate) fn wait_for_workers(&self, allowed: usize) -> Totals {
+        let mut state = self.state.lock();
+        while state.live_workers > allowed {
+            self.done_cv.wait(&mut state);
+        }
+        state.totals()
+    }
+
+    /// A worker's loop ended.
+    pub(crate) fn worker_exited(&self) {
+        let mut state = self.state.lock();
+        state.live_workers -= 1;
+        self.done_cv.notify_all();
+    }
+}
+
+impl Store for Shared {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn claim(&self) -> Option<Claim> {
+        let mut state = self.state.lock();
+        let mut effects = Effects::default();
+        loop {
+            if state.stopping {
+                return None;
+            }
+            let now = self.clock.now();
+            state.promote_due(now, &mut effects);
+            let promoted = std::mem::take(&mut effects.newly_ready);
+            if let Some(claim) = state.claim_next(now, &self.clock) {
+                // Rule 1 for the tasks this worker promoted but cannot take itself.
+                let others = promoted.saturating_sub(1).min(state.idle);
+                for _ in 0..others {
+                    self.work_cv.notify_one();
+                }
+                // Rule 2: hand on what this worker cannot take.
+                if others == 0
+                    && (state.has_ready() || (state.has_scheduled() && !state.timer_sleeping))
+                {
+                    self.wake_one(&state);
+                }
+                return Some(claim);
+            }
+            if state.closed && state.outstanding() == 0 {
+                return None;
+            }
+            match state.earliest_due() {
+                Some(due) if !state.timer_sleeping => {
+                    state.timer_sleeping = true;
+                    self.clock.wait_until(&self.timer_cv, &mut state, Some(due));
+                    state.timer_sleeping = false;
+                }
+                _ => {
+                    state.idle += 1;
+                    self.work_cv.wait(&mut state);
+                    state.idle -= 1;
+                }
+            }
+        }
+    }
+
+    fn complete(&self, claim: Claim, outcome: RunOutcome) {
+        self.transition(|state, now, effects| state.complete(claim, outcome, now, effects));
+    }
+}
+
+impl Wake for Shared {
+    /// Rule 5.
+    fn wake(&self) {
+        let state = self.state.lock();
+        self.timer_cv.notify_all();
+        self.done_cv.notify_all();
+        if !state.timer_sleeping && state.idle > 0 {
+            self.work_cv.notify_one();
+        }
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("registry", &self.registry)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Converts a timeout into a deadline on `clock`; `None` if it cannot be represented (wait
+/// without one).
+pub(crate) fn deadline_after(clock: &Clock, timeout: Duration) -> Option<Instant> {
+    clock.now().checked_add(timeout)
+}

@@ -1,0 +1,244 @@
+//! The embedded store's two queues: the ready queue (by priority, first-in first-out within one)
+//! and the delayed heap (by due time).
+//!
+//! Both use lazy deletion: cancelling a queued task only changes its record, and the entry left
+//! behind is skipped when it reaches the front. The callers pass an `is_live` check that reads the
+//! task's record.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Instant;
+
+use crate::task::TaskId;
+
+/// Ready tasks: strictly higher priority first, first-in first-out within a priority.
+///
+/// The order is that of a binary heap keyed by `(priority, Reverse(sequence))`, but with only 256
+/// priorities one FIFO bucket per priority plus a bitmap of the non-empty buckets gives the same
+/// order with O(1) push and pop, the depth of every priority for free, and the oldest ready task of
+/// each priority at its bucket's front.
+pub(crate) struct ReadyQueue {
+    /// One queue per priority, allocated on first use; may hold stale entries (see module docs).
+    buckets: Vec<VecDeque<TaskId>>,
+    /// Live (not cancelled) entries per priority.
+    live: Box<[u32; 256]>,
+    /// Bit `p` is set iff `live[p] > 0`.
+    nonempty: [u64; 4],
+    len: usize,
+}
+
+impl ReadyQueue {
+    pub(crate) fn new() -> Self {
+        ReadyQueue {
+            buckets: (0..256).map(|_| VecDeque::new()).collect(),
+            live: Box::new([0; 256]),
+            nonempty: [0; 4],
+            len: 0,
+        }
+    }
+
+    /// Live entries in all priorities.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn push(&mut self, priority: u8, id: TaskId) {
+        let p = usize::from(priority);
+        self.buckets[p].push_back(id);
+        self.live[p] += 1;
+        self.nonempty[p / 64] |= 1 << (p % 64);
+        self.len += 1;
+    }
+
+    /// A queued task of this priority left the ready state without being popped (it was
+    /// cancelled); its entry is now stale.
+    pub(crate) fn forget(&mut self, priority: u8) {
+        let p = usize::from(priority);
+        self.live[p] -= 1;
+        self.len -= 1;
+        if self.live[p] == 0 {
+            self.clear_bucket(p);
+        }
+    }
+
+    /// Removes and returns the highest-priority, oldest live entry.
+    pub(crate) fn pop(&mut self, is_live: impl Fn(TaskId) -> bool) -> Option<TaskId> {
+        let p = self.highest()?;
+        let bucket = &mut self.buckets[p];
+        loop {
+            let id = bucket
+                .pop_front()
+                .expect("a bucket with live entries is not empty");
+            if is_live(id) {
+                self.live[p] -= 1;
+                self.len -= 1;
+                if self.live[p] == 0 {
+                    self.clear_bucket(p);
+                }
+                return Some(id);
+            }
+        }
+    }
+
+    /// The oldest live entry of each non-empty priority, highest priority first, with its depth.
+    /// Drops stale entries found at the fronts.
+    pub(crate) fn fronts(&mut self, is_live: impl Fn(TaskId) -> bool) -> Vec<(u8, usize, TaskId)> {
+        let mut out = Vec::new();
+        for p in (0..256usize).rev() {
+            if self.live[p] == 0 {
+                continue;
+            }
+            let bucket = &mut self.buckets[p];
+            while bucket.front().is_some_and(|&id| !is_live(id)) {
+                bucket.pop_front();
+            }
+            let front = *bucket
+                .front()
+                .expect("a bucket with live entries is not empty");
+            let priority = u8::try_from(p).expect("256 buckets");
+            out.push((priority, self.live[p] as usize, front));
+        }
+        out
+    }
+
+    fn highest(&self) -> Option<usize> {
+        (0..4)
+            .rev()
+            .find(|&word| self.nonempty[word] != 0)
+            .map(|word| word * 64 + 63 - self.nonempty[word].leading_zeros() as usize)
+    }
+
+    /// Every entry left in bucket `p` is stale: drop them (and give back memory after a burst).
+    fn clear_bucket(&mut self, p: usize) {
+        self.nonempty[p / 64] &= !(1 << (p % 64));
+        let bucket = &mut self.buckets[p];
+        bucket.clear();
+        if bucket.capacity() > 1024 {
+            bucket.shrink_to(64);
+        }
+    }
+}
+
+/// One delayed task: due at `at`; `seq` orders equal due times first-in first-out.
+#[derive(PartialEq, Eq)]
+struct DelayedEntry {
+    at: Instant,
+    seq: u64,
+    id: TaskId,
+}
+
+impl Ord for DelayedEntry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+impl PartialOrd for DelayedEntry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Scheduled tasks (delayed, or retrying after a backoff), earliest due first.
+pub(crate) struct DelayedQueue {
+    // `BinaryHeap` is a max-heap: `Reverse` makes the earliest due time the top.
+    heap: BinaryHeap<Reverse<DelayedEntry>>,
+    next_seq: u64,
+}
+
+impl DelayedQueue {
+    pub(crate) fn new() -> Self {
+        DelayedQueue {
+            heap: BinaryHeap::new(),
+            next_seq: 0,
+        }
+    }
+
+    /// Adds an entry; returns whether it is now the earliest (a sleeping timer must re-check).
+    pub(crate) fn push(&mut self, at: Instant, id: TaskId) -> bool {
+        let earliest = self.heap.peek().is_none_or(|Reverse(top)| at < top.at);
+        self.next_seq += 1;
+        self.heap.push(Reverse(DelayedEntry {
+            at,
+            seq: self.next_seq,
+            id,
+        }));
+        earliest
+    }
+
+    /// The earliest due time among live entries, dropping stale entries from the top.
+    pub(crate) fn earliest(&mut self, is_live: impl Fn(TaskId) -> bool) -> Option<Instant> {
+        while let Some(Reverse(top)) = self.heap.peek() {
+            if is_live(top.id) {
+                return Some(top.at);
+            }
+            self.heap.pop();
+        }
+        if self.heap.capacity() > 1024 {
+            self.heap.shrink_to(64);
+        }
+        None
+    }
+
+    /// Removes and returns the earliest entry if it is due at `now` (live or stale: the caller
+    /// checks).
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<TaskId> {
+        match self.heap.peek() {
+            Some(Reverse(top)) if top.at <= now => self.heap.pop().map(|Reverse(e)| e.id),
+            _ => None,
+        }
+    }
+
+    /// Entries in the heap, stale ones included.
+    pub(crate) fn entries(&self) -> usize {
+        self.heap.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn ready_is_priority_then_fifo() {
+        let mut q = ReadyQueue::new();
+        for (i, p) in [0u8, 5, 5, 255, 0, 64, 63].into_iter().enumerate() {
+            q.push(p, TaskId(i as u64));
+        }
+        let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true))
+            .map(|id| id.0)
+            .collect();
+        assert_eq!(order, vec![3, 5, 6, 1, 2, 0, 4]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn ready_skips_forgotten_entries() {
+        let mut q = ReadyQueue::new();
+        q.push(1, TaskId(1));
+        q.push(1, TaskId(2));
+        q.forget(1); // task 1 was cancelled
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.pop(|id| id != TaskId(1)), Some(TaskId(2)));
+        assert_eq!(q.pop(|_| true), None);
+    }
+
+    #[test]
+    fn delayed_is_earliest_first_and_fifo_on_ties() {
+        let mut q = DelayedQueue::new();
+        let t0 = Instant::now();
+        assert!(q.push(t0 + Duration::from_secs(2), TaskId(1)));
+        assert!(q.push(t0 + Duration::from_secs(1), TaskId(2)));
+        assert!(!q.push(t0 + Duration::from_secs(1), TaskId(3)));
+        assert_eq!(q.earliest(|_| true), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(q.pop_due(t0), None);
+        let due: Vec<_> = std::iter::from_fn(|| q.pop_due(t0 + Duration::from_secs(5))).collect();
+        assert_eq!(due, vec![TaskId(2), TaskId(3), TaskId(1)]);
+    }
+}

@@ -1,0 +1,92 @@
+//! One task as the embedded store keeps it, and the effects of a transition that must be carried
+//! out after the lock is released.
+
+use std::any::Any;
+use std::time::Instant;
+
+use crate::cancel::CancelToken;
+use crate::handle::{Completion, Finished};
+use crate::sync::Arc;
+use crate::task::{CancelReason, Failure, TaskId, TaskState};
+
+/// A task's record. Kept small: what only some tasks need lives in [`Extra`].
+pub(crate) struct Record {
+    pub(crate) state: TaskState,
+    /// Index of the task type in the registry.
+    pub(crate) type_index: u32,
+    pub(crate) priority: u8,
+    /// Attempts started so far.
+    pub(crate) attempts: u32,
+    /// Dependencies that have not succeeded yet (non-zero only while blocked).
+    pub(crate) pending_dependencies: u32,
+    /// Blocked: the requested run_at. Scheduled: when it becomes due. Ready: since when it has
+    /// been ready. Running: when it started. Terminal: when it finished.
+    pub(crate) since: Instant,
+    /// `None` only while running (the worker holds it) or once dropped after the end.
+    pub(crate) payload: Option<Box<dyn Any + Send>>,
+    /// Shared with every handle to the task.
+    pub(crate) completion: Arc<Completion>,
+    /// Set while running.
+    pub(crate) token: Option<CancelToken>,
+    pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// What only some tasks need.
+#[derive(Default)]
+pub(crate) struct Extra {
+    /// Blocked tasks waiting for this one.
+    pub(crate) dependents: Vec<TaskId>,
+    pub(crate) key: Option<Arc<str>>,
+    /// The last retryable error, while a retry waits.
+    pub(crate) last_error: Option<String>,
+    /// A cancel asked for while running: the task ends cancelled whatever the handler returns.
+    pub(crate) cancel_requested: Option<CancelReason>,
+    /// The failure of a dead letter.
+    pub(crate) failure: Option<Failure>,
+    /// The task a dead letter was resubmitted as.
+    pub(crate) resubmitted_as: Option<TaskId>,
+}
+
+impl Record {
+    pub(crate) fn extra(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    pub(crate) fn cancel_requested(&self) -> Option<CancelReason> {
+        self.extra.as_ref().and_then(|e| e.cancel_requested)
+    }
+
+    pub(crate) fn key(&self) -> Option<&Arc<str>> {
+        self.extra.as_ref().and_then(|e| e.key.as_ref())
+    }
+}
+
+/// What a transition leaves to do once the lock is released: publish outcomes (waking waiters)
+/// and drop user values (a payload's or output's `Drop` is user code, never run under the lock).
+#[derive(Default)]
+pub(crate) struct Effects {
+    publish: Vec<(Arc<Completion>, Finished)>,
+    drops: Vec<Box<dyn Any + Send>>,
+    /// Tasks that became ready: wake that many idle workers.
+    pub(crate) newly_ready: usize,
+    /// A task became the earliest delayed one: the timer must re-check its deadline.
+    pub(crate) new_earliest: bool,
+}
+
+impl Effects {
+    pub(crate) fn publish(&mut self, completion: Arc<Completion>, finished: Finished) {
+        self.publish.push((completion, finished));
+    }
+
+    pub(crate) fn drop_later(&mut self, value: Box<dyn Any + Send>) {
+        self.drops.push(value);
+    }
+
+    /// Publishes the outcomes and drops the values. Call without holding the pool lock.
+    pub(crate) fn apply(self) {
+        for (completion, finished) in self.publish {
+            completion.publish(finished);
+        }
+        drop(self.drops);
+    }
+}

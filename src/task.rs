@@ -1,0 +1,495 @@
+//! What gets submitted: task types, tasks, their ids and the states of a task's life.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+/// The id a pool gives a task when it accepts it. Unique within one pool, increasing with
+/// submission order.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{HandlerError, Pool, TaskType};
+///
+/// const NOOP: TaskType<(), ()> = TaskType::new("noop");
+/// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let first = pool.submit(NOOP.task(()))?.id();
+/// let second = pool.submit(NOOP.task(()))?.id();
+/// assert!(first < second);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TaskId(pub(crate) u64);
+
+impl TaskId {
+    /// The id as a number.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const NOOP: TaskType<(), ()> = TaskType::new("noop");
+    /// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// assert_eq!(pool.submit(NOOP.task(()))?.id().as_u64(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {}", self.0)
+    }
+}
+
+/// A kind of task: its name, its payload type `P` and its handler's output type `O`.
+///
+/// Declare one per kind of work, usually as a `const`, register a handler for it on the
+/// [`Builder`](crate::Builder), and make tasks of it with [`task`](TaskType::task). The types
+/// make a payload that does not fit its handler a compile error; the name ties the submit to the
+/// handler at run time (an unregistered name is refused at submit).
+///
+/// # Examples
+///
+/// ```
+/// use taskq::TaskType;
+///
+/// struct Email { to: String }
+/// const SEND_EMAIL: TaskType<Email, ()> = TaskType::new("send_email");
+/// assert_eq!(SEND_EMAIL.name(), "send_email");
+/// ```
+pub struct TaskType<P, O> {
+    name: &'static str,
+    // fn(P) -> O: the type is Send, Sync and Copy whatever P and O are.
+    _types: PhantomData<fn(P) -> O>,
+}
+
+impl<P, O> TaskType<P, O> {
+    /// Names a task type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const RESIZE: taskq::TaskType<Vec<u8>, Vec<u8>> = taskq::TaskType::new("resize");
+    /// ```
+    pub const fn new(name: &'static str) -> Self {
+        TaskType {
+            name,
+            _types: PhantomData,
+        }
+    }
+
+    /// The type's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(taskq::TaskType::<u8, u8>::new("double").name(), "double");
+    /// ```
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// A task of this type carrying `payload`, with default options (priority 0, no delay, no
+    /// dependencies, no idempotency key).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const DOUBLE: taskq::TaskType<u32, u32> = taskq::TaskType::new("double");
+    /// let task = DOUBLE.task(21).priority(3);
+    /// assert_eq!(*task.payload(), 21);
+    /// ```
+    pub fn task(self, payload: P) -> Task<P, O> {
+        Task::new(self, payload)
+    }
+}
+
+impl<P, O> Clone for TaskType<P, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P, O> Copy for TaskType<P, O> {}
+
+impl<P, O> fmt::Debug for TaskType<P, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TaskType").field(&self.name).finish()
+    }
+}
+
+/// When a task may first run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start {
+    Now,
+    After(Duration),
+    At(Instant),
+}
+
+/// A task ready to submit: a payload and its options.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{HandlerError, Pool, TaskType};
+///
+/// const GREET: TaskType<String, String> = TaskType::new("greet");
+///
+/// let pool = Pool::builder()
+///     .workers(2)
+///     .register(GREET, |_, name: &String| Ok::<_, HandlerError>(format!("hello {name}")))
+///     .build()?;
+/// let first = pool.submit(GREET.task("ann".into()).priority(5))?;
+/// let second = pool.submit(
+///     GREET.task("bob".into())
+///         .delay(Duration::from_millis(5))
+///         .after([first.id()])
+///         .key("greet-bob"),
+/// )?;
+/// assert_eq!(second.wait().succeeded().as_deref(), Some("hello bob"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Task<P, O> {
+    pub(crate) ty: TaskType<P, O>,
+    pub(crate) payload: P,
+    pub(crate) priority: u8,
+    pub(crate) start: Start,
+    pub(crate) dependencies: Vec<TaskId>,
+    pub(crate) key: Option<String>,
+}
+
+impl<P, O> Task<P, O> {
+    /// A task of type `ty` carrying `payload`; the same as `ty.task(payload)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{Task, TaskType};
+    /// const ECHO: TaskType<u8, u8> = TaskType::new("echo");
+    /// let task = Task::new(ECHO, 1);
+    /// assert_eq!(task.task_type().name(), "echo");
+    /// ```
+    pub fn new(ty: TaskType<P, O>, payload: P) -> Self {
+        Task {
+            ty,
+            payload,
+            priority: 0,
+            start: Start::Now,
+            dependencies: Vec::new(),
+            key: None,
+        }
+    }
+
+    /// Sets the priority: higher runs first; equal priorities run in submission order.
+    /// Defaults to 0, the lowest.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// let urgent = JOB.task(()).priority(255);
+    /// # let _ = urgent;
+    /// ```
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Runs the task no earlier than `delay` after it is submitted (on the pool's clock).
+    /// Replaces an earlier [`run_at`](Task::run_at). A delay so long that the deadline cannot be
+    /// represented is refused at submit with
+    /// [`SubmitErrorKind::TimeOverflow`](crate::SubmitErrorKind::TimeOverflow).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// let later = JOB.task(()).delay(std::time::Duration::from_secs(30));
+    /// # let _ = later;
+    /// ```
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.start = Start::After(delay);
+        self
+    }
+
+    /// Runs the task no earlier than `at` (an instant of the pool's clock). An instant in the past
+    /// means now. Replaces an earlier [`delay`](Task::delay).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// let later = JOB.task(()).run_at(Instant::now() + Duration::from_secs(30));
+    /// # let _ = later;
+    /// ```
+    pub fn run_at(mut self, at: Instant) -> Self {
+        self.start = Start::At(at);
+        self
+    }
+
+    /// Runs the task only after every task in `dependencies` has succeeded. If one fails or is
+    /// cancelled, this task ends cancelled. Adds to earlier calls.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const STEP: TaskType<u8, u8> = TaskType::new("step");
+    /// let pool = Pool::builder().workers(2).register(STEP, |_, n: &u8| Ok::<_, HandlerError>(*n)).build()?;
+    /// let fetch = pool.submit(STEP.task(1))?;
+    /// let parse = pool.submit(STEP.task(2).after([fetch.id()]))?;
+    /// assert_eq!(parse.wait().succeeded(), Some(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn after(mut self, dependencies: impl IntoIterator<Item = TaskId>) -> Self {
+        self.dependencies.extend(dependencies);
+        self
+    }
+
+    /// Sets an idempotency key: while the pool still remembers a task with this key, submitting
+    /// another returns that task's handle instead of running the work again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const CHARGE: TaskType<u32, u32> = TaskType::new("charge");
+    /// let pool = Pool::builder().workers(1).register(CHARGE, |_, cents: &u32| Ok::<_, HandlerError>(*cents)).build()?;
+    /// let first = pool.submit(CHARGE.task(500).key("order-17"))?;
+    /// let again = pool.submit(CHARGE.task(500).key("order-17"))?;
+    /// assert_eq!(first.id(), again.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The task's type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// assert_eq!(JOB.task(()).task_type().name(), "job");
+    /// ```
+    pub fn task_type(&self) -> TaskType<P, O> {
+        self.ty
+    }
+
+    /// The payload.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const JOB: taskq::TaskType<u8, ()> = taskq::TaskType::new("job");
+    /// assert_eq!(*JOB.task(4).payload(), 4);
+    /// ```
+    pub fn payload(&self) -> &P {
+        &self.payload
+    }
+
+    /// Takes the payload back, for example from a refused submit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const JOB: taskq::TaskType<String, ()> = taskq::TaskType::new("job");
+    /// assert_eq!(JOB.task("x".to_owned()).into_payload(), "x");
+    /// ```
+    pub fn into_payload(self) -> P {
+        self.payload
+    }
+}
+
+impl<P, O> fmt::Debug for Task<P, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Task")
+            .field("type", &self.ty.name)
+            .field("priority", &self.priority)
+            .field("start", &self.start)
+            .field("dependencies", &self.dependencies)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a task is in its life.
+///
+/// ```text
+/// submit ─┬─> Blocked ──(every dependency succeeded)──┬─> Scheduled ──(run_at reached)──┐
+///         ├─> Scheduled                                └─> Ready <──────────────────────┘
+///         └─> Ready ──> Running ─┬─> Succeeded
+///                                ├─> Scheduled (a retry, after its backoff)
+///                                ├─> Failed (a dead letter)
+///                                └─> Cancelled
+/// Blocked, Scheduled and Ready also go straight to Cancelled (a cancel, a failed or cancelled
+/// dependency, the shutdown deadline).
+/// ```
+///
+/// # Examples
+///
+/// ```
+/// use taskq::TaskState;
+/// assert!(TaskState::Failed.is_terminal());
+/// assert!(!TaskState::Scheduled.is_terminal());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TaskState {
+    /// Waiting for dependencies to succeed.
+    Blocked,
+    /// Waiting for its `run_at` (a delayed task, or a retry in its backoff).
+    Scheduled,
+    /// Waiting for a worker.
+    Ready,
+    /// A handler is running it.
+    Running,
+    /// Its handler returned `Ok`. Terminal.
+    Succeeded,
+    /// Dead-lettered: a permanent error, a panic, or attempts exhausted. Terminal.
+    Failed,
+    /// Cancelled before it could finish. Terminal.
+    Cancelled,
+}
+
+impl TaskState {
+    /// Whether the state is final: succeeded, failed or cancelled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(taskq::TaskState::Cancelled.is_terminal());
+    /// ```
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TaskState::Blocked => "blocked",
+            TaskState::Scheduled => "scheduled",
+            TaskState::Ready => "ready",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        })
+    }
+}
+
+/// Why a task was dead-lettered.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(taskq::FailureReason::Panicked.to_string(), "panicked");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureReason {
+    /// The handler returned a [`HandlerError::permanent`](crate::HandlerError::permanent).
+    Permanent,
+    /// The handler panicked; the panic's message is the error.
+    Panicked,
+    /// Every allowed attempt failed with a retryable error.
+    Exhausted,
+}
+
+impl fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailureReason::Permanent => "permanent",
+            FailureReason::Panicked => "panicked",
+            FailureReason::Exhausted => "exhausted",
+        })
+    }
+}
+
+/// Why a task was cancelled.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(taskq::CancelReason::Requested.to_string(), "cancel requested");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CancelReason {
+    /// [`Pool::cancel`](crate::Pool::cancel) or [`TaskHandle::cancel`](crate::TaskHandle::cancel).
+    Requested,
+    /// The shutdown deadline passed, or the pool was dropped, before the task finished.
+    Shutdown,
+    /// This dependency failed.
+    DependencyFailed(TaskId),
+    /// This dependency was cancelled.
+    DependencyCancelled(TaskId),
+}
+
+impl fmt::Display for CancelReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CancelReason::Requested => f.write_str("cancel requested"),
+            CancelReason::Shutdown => f.write_str("pool shut down"),
+            CancelReason::DependencyFailed(id) => write!(f, "dependency {id} failed"),
+            CancelReason::DependencyCancelled(id) => write!(f, "dependency {id} was cancelled"),
+        }
+    }
+}
+
+/// How a task failed: why, after how many attempts, and the last error's message.
+///
+/// # Examples
+///
+/// ```
+/// use taskq::{FailureReason, HandlerError, Outcome, Pool, TaskType};
+///
+/// const CHECK: TaskType<u32, ()> = TaskType::new("check");
+/// let pool = Pool::builder()
+///     .workers(1)
+///     .register(CHECK, |_, _: &u32| Err::<(), _>(HandlerError::permanent("bad input")))
+///     .build()?;
+/// match pool.submit(CHECK.task(1))?.wait() {
+///     Outcome::Failed(failure) => {
+///         assert_eq!(failure.reason, FailureReason::Permanent);
+///         assert_eq!(failure.attempts, 1);
+///         assert_eq!(failure.error, "bad input");
+///     }
+///     other => panic!("unexpected {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Failure {
+    /// Why the task failed.
+    pub reason: FailureReason,
+    /// How many attempts ran.
+    pub attempts: u32,
+    /// The last error's message (the panic message for a panic).
+    pub error: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} after {} attempt(s): {}",
+            self.reason, self.attempts, self.error
+        )
+    }
+}
