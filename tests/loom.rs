@@ -1,0 +1,311 @@
+//! loom models of the engine's wake-ups, cancels and shutdown, run on the engine's own code.
+//!
+//! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom`
+//! (`.ci/run` does, with debug assertions on). Each model builds a real pool with one or two
+//! workers; under `cfg(loom)` its locks, condition variables, atomics and threads are loom's (see
+//! `src/sync.rs`), so a lost wake-up shows as a deadlock and a wrong state as a failed assertion.
+#![cfg(loom)]
+
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::thread;
+
+use taskq::{
+    CancelOutcome, CancelReason, HandlerError, ManualClock, Outcome, Pool, RetryPolicy,
+    SubmitErrorKind, TaskState, TaskType,
+};
+
+const JOB: TaskType<u32, u32> = TaskType::new("job");
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    builder.max_branches = 100_000;
+    builder.check(f);
+}
+
+/// A pool of `workers` on a manual clock, whose handler counts its runs and fails for payload 0.
+fn pool(workers: usize, runs: &Arc<AtomicUsize>) -> (Pool, ManualClock) {
+    let clock = ManualClock::new();
+    let runs = Arc::clone(runs);
+    let pool = Pool::builder()
+        .workers(workers)
+        .seed(1)
+        .max_attempts(1)
+        .manual_clock(clock.clone())
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ))
+        .register(JOB, move |_, n: &u32| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            if *n == 0 {
+                Err(HandlerError::permanent("zero"))
+            } else {
+                Ok(*n)
+            }
+        })
+        .build()
+        .expect("pool builds");
+    (pool, clock)
+}
+
+/// 1. A submit racing a worker that is about to sleep: the task always runs.
+#[test]
+fn submit_races_a_worker_going_to_sleep() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(1, &runs);
+        let handle = pool.submit(JOB.task(7)).unwrap();
+        assert_eq!(handle.wait(), Outcome::Succeeded(7));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 2. Shutdown racing idle workers: every worker returns.
+#[test]
+fn shutdown_races_idle_workers() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(2, &runs);
+        let report = pool.shutdown(Duration::from_secs(1));
+        assert!(!report.deadline_reached);
+        assert_eq!(pool.stats().workers, 0);
+    });
+}
+
+/// 3. A submit racing shutdown: refused and never run, or accepted and finished.
+#[test]
+fn submit_races_shutdown() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(1, &runs);
+        let pool = Arc::new(pool);
+        let submitter = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.submit(JOB.task(3)).map_err(|e| e.kind().clone()))
+        };
+        let report = pool.shutdown(Duration::from_secs(1));
+        match submitter.join().unwrap() {
+            Ok(handle) => {
+                let outcome = handle.wait();
+                assert_eq!(outcome, Outcome::Succeeded(3));
+                assert_eq!(report.succeeded, 1);
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+            }
+            Err(kind) => {
+                assert_eq!(kind, SubmitErrorKind::ShutDown);
+                assert_eq!(runs.load(Ordering::SeqCst), 0);
+                assert_eq!(report.succeeded + report.cancelled + report.failed, 0);
+            }
+        }
+    });
+}
+
+/// 4. A cancel racing a worker taking the task: one terminal state, and a task cancelled before it
+/// started never runs.
+#[test]
+fn cancel_races_a_worker_taking_the_task() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(1, &runs);
+        let handle = pool.submit(JOB.task(5)).unwrap();
+        let canceller = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.cancel().unwrap())
+        };
+        let outcome = handle.wait();
+        let cancel = canceller.join().unwrap();
+        match cancel {
+            CancelOutcome::Cancelled => {
+                assert_eq!(outcome, Outcome::Cancelled(CancelReason::Requested));
+                assert_eq!(
+                    runs.load(Ordering::SeqCst),
+                    0,
+                    "a task cancelled before it started ran"
+                );
+            }
+            CancelOutcome::Signalled => {
+                // It was running: the cancel wins whatever the handler returned.
+                assert_eq!(outcome, Outcome::Cancelled(CancelReason::Requested));
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+            }
+            CancelOutcome::AlreadyFinished(state) => {
+                assert_eq!(state, TaskState::Succeeded);
+                assert_eq!(outcome, Outcome::Succeeded(5));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let report = pool.shutdown(Duration::from_secs(1));
+        assert_eq!(report.succeeded + report.cancelled, 1);
+    });
+}
+
+/// 5. A wait that begins before, during or after completion always returns.
+#[test]
+fn waits_always_return() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(1, &runs);
+        let handle = pool.submit(JOB.task(9)).unwrap();
+        let waiter = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.wait())
+        };
+        assert_eq!(handle.wait(), Outcome::Succeeded(9));
+        assert_eq!(waiter.join().unwrap(), Outcome::Succeeded(9));
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 6. A dependent submitted while its dependency completes or fails: never early, never stranded.
+#[test]
+fn dependent_submitted_while_its_dependency_finishes() {
+    for parent_payload in [0, 1] {
+        model(move || {
+            const STEP: TaskType<u32, u32> = TaskType::new("step");
+            let parent_done = Arc::new(AtomicBool::new(false));
+            let early = Arc::new(AtomicBool::new(false));
+            let clock = ManualClock::new();
+            let (done, seen_early) = (Arc::clone(&parent_done), Arc::clone(&early));
+            let pool = Pool::builder()
+                .workers(2)
+                .seed(1)
+                .max_attempts(1)
+                .manual_clock(clock)
+                .register(STEP, move |_, n: &u32| match *n {
+                    0 => Err(HandlerError::permanent("parent fails")),
+                    1 => {
+                        done.store(true, Ordering::SeqCst);
+                        Ok(1)
+                    }
+                    _ => {
+                        if !done.load(Ordering::SeqCst) {
+                            seen_early.store(true, Ordering::SeqCst);
+                        }
+                        Ok(2)
+                    }
+                })
+                .build()
+                .unwrap();
+            let pool = Arc::new(pool);
+            let parent = pool.submit(STEP.task(parent_payload)).unwrap();
+            let child = {
+                let pool = Arc::clone(&pool);
+                let parent = parent.id();
+                thread::spawn(move || pool.submit(STEP.task(2).after([parent])).unwrap())
+            }
+            .join()
+            .unwrap();
+            let parent_outcome = parent.wait();
+            let child_outcome = child.wait();
+            if parent_payload == 0 {
+                assert!(parent_outcome.is_failed());
+                assert_eq!(
+                    child_outcome,
+                    Outcome::Cancelled(CancelReason::DependencyFailed(parent.id()))
+                );
+            } else {
+                assert_eq!(parent_outcome, Outcome::Succeeded(1));
+                assert_eq!(child_outcome, Outcome::Succeeded(2));
+            }
+            assert!(
+                !early.load(Ordering::SeqCst),
+                "the dependent ran before its dependency succeeded"
+            );
+            pool.shutdown(Duration::from_secs(1));
+        });
+    }
+}
+
+/// 7. A task with an earlier run_at submitted while a worker sleeps until a later one: the worker
+/// takes the earlier one when the manual clock reaches it.
+#[test]
+fn earlier_run_at_while_the_timer_sleeps() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, clock) = pool(1, &runs);
+        let pool = Arc::new(pool);
+        let late = pool
+            .submit(JOB.task(2).delay(Duration::from_secs(10)))
+            .unwrap();
+        let early = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                pool.submit(JOB.task(1).delay(Duration::from_secs(1)))
+                    .unwrap()
+            })
+        }
+        .join()
+        .unwrap();
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(early.wait(), Outcome::Succeeded(1));
+        assert_eq!(late.status(), TaskState::Scheduled);
+        clock.advance(Duration::from_secs(9));
+        assert_eq!(late.wait(), Outcome::Succeeded(2));
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 8. Two submits with the same idempotency key: one task, one run.
+#[test]
+fn same_key_submitted_twice() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(1, &runs);
+        let pool = Arc::new(pool);
+        let other = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.submit(JOB.task(4).key("k")).unwrap())
+        };
+        let mine = pool.submit(JOB.task(4).key("k")).unwrap();
+        let other = other.join().unwrap();
+        assert_eq!(mine.id(), other.id());
+        assert_eq!(mine.wait(), Outcome::Succeeded(4));
+        assert_eq!(other.wait(), Outcome::Succeeded(4));
+        pool.shutdown(Duration::from_secs(1));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    });
+}
+
+/// 9. The shutdown deadline firing while a handler runs: the handler sees its token, the task
+/// ends cancelled.
+#[test]
+fn shutdown_deadline_while_a_handler_runs() {
+    model(|| {
+        const BLOCK: TaskType<(), bool> = TaskType::new("block");
+        let started = Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
+        let saw_token = Arc::new(AtomicBool::new(false));
+        let (signal, saw) = (Arc::clone(&started), Arc::clone(&saw_token));
+        let pool = Pool::builder()
+            .workers(1)
+            .seed(1)
+            .manual_clock(ManualClock::new())
+            .register(BLOCK, move |ctx, _: &()| {
+                *signal.0.lock().unwrap() = true;
+                signal.1.notify_all();
+                ctx.token().wait();
+                saw.store(true, Ordering::SeqCst);
+                Ok::<_, HandlerError>(true)
+            })
+            .build()
+            .unwrap();
+        let handle = pool.submit(BLOCK.task(())).unwrap();
+        {
+            let mut running = started.0.lock().unwrap();
+            while !*running {
+                running = started.1.wait(running).unwrap();
+            }
+        }
+        let report = pool.shutdown(Duration::ZERO);
+        assert!(report.deadline_reached);
+        assert!(saw_token.load(Ordering::SeqCst));
+        assert_eq!(handle.wait(), Outcome::Cancelled(CancelReason::Shutdown));
+        assert_eq!(report.cancelled, 1);
+    });
+}
