@@ -397,8 +397,10 @@ impl State {
 
     /// Ends a task, then releases or cancels its dependents, transitively (invariant 6).
     fn finish(&mut self, id: TaskId, end: End, now: Instant, effects: &mut Effects) {
-        let mut work = vec![(id, end)];
-        while let Some((id, end)) = work.pop() {
+        // Cascades are rare: the stack allocates only when a dependent must be cancelled.
+        let mut next = Some((id, end));
+        let mut work = Vec::new();
+        while let Some((id, end)) = next.take().or_else(|| work.pop()) {
             let record = self.records.get_mut(&id).expect("record exists");
             if record.state.is_terminal() {
                 continue; // reached twice through two cancelled dependencies
