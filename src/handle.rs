@@ -221,7 +221,8 @@ impl<O> TaskHandle<O> {
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// let handle = pool.submit(JOB.task(()))?;
-    /// assert_eq!(pool.status(handle.id()).map(|s| s.is_terminal() || !s.is_terminal()), Some(true));
+    /// handle.wait();
+    /// assert_eq!(pool.info(handle.id()).map(|info| info.id), Some(handle.id()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn id(&self) -> TaskId {

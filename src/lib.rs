@@ -80,3 +80,8 @@ pub use pool::{CancelOutcome, Pool};
 pub use retry::{HandlerError, RetryPolicy};
 pub use stats::{ShutdownReport, Stats, TaskInfo, Totals};
 pub use task::{CancelReason, Failure, FailureReason, Task, TaskId, TaskState, TaskType};
+
+// The README's examples are doctests too.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -395,8 +395,11 @@ impl Pool {
     /// tasks end cancelled). Every wait on every task returns.
     ///
     /// Calling it again, or from several threads, is safe: each call returns once the pool is
-    /// stopped. A timeout too long to represent means no deadline. Called from one of the pool's
-    /// own handlers, it does not wait for that handler's thread.
+    /// stopped. A timeout too long to represent means no deadline.
+    ///
+    /// Called from one of the pool's own handlers, it drains everything but that handler's own
+    /// task and does not wait for that handler's thread; the calling task's token then fires and
+    /// the task ends cancelled when its handler returns.
     ///
     /// # Examples
     ///
@@ -422,9 +425,10 @@ impl Pool {
     pub fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let started = Instant::now();
         let deadline = deadline_after(self.shared.clock(), timeout);
-        let deadline_reached = self.shared.drain(deadline);
         let current = sync::current_thread_id();
         let on_worker = self.worker_ids.contains(&current);
+        // A handler that shuts its own pool down cannot wait for its own task.
+        let deadline_reached = self.shared.drain(usize::from(on_worker), deadline);
         let handles = std::mem::take(&mut *self.workers.lock());
         for handle in handles {
             if sync::thread_id(&handle) != current {

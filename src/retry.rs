@@ -79,10 +79,14 @@ impl RetryPolicy {
     /// ```
     pub fn max_delay(&self, retry: u32) -> Duration {
         let exponent = retry.saturating_sub(1);
-        let bound = 1u32
+        // In nanoseconds as u128: base fits in 94 bits, so base · 2^(n-1) is exact until it
+        // overflows, and an overflow is certainly above any cap.
+        let bound = 1u128
             .checked_shl(exponent)
-            .and_then(|factor| self.base.checked_mul(factor))
-            .unwrap_or(self.cap);
+            .and_then(|factor| self.base.as_nanos().checked_mul(factor))
+            .map_or(self.cap, |nanos| {
+                duration_from_nanos(nanos.min(self.cap.as_nanos()))
+            });
         bound.min(self.cap)
     }
 
@@ -100,9 +104,18 @@ impl RetryPolicy {
     /// assert!(delay <= Duration::from_millis(800));
     /// ```
     pub fn delay<R: Rng + ?Sized>(&self, retry: u32, rng: &mut R) -> Duration {
-        let bound = u64::try_from(self.max_delay(retry).as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(rng.random_range(0..=bound))
+        let bound = self.max_delay(retry).as_nanos();
+        duration_from_nanos(rng.random_range(0..=bound))
     }
+}
+
+/// The inverse of `Duration::as_nanos`, for values that came from a `Duration`.
+fn duration_from_nanos(nanos: u128) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).unwrap_or(u64::MAX);
+    // The remainder is below 10^9.
+    let subsec = (nanos % NANOS_PER_SEC) as u32;
+    Duration::new(secs, subsec)
 }
 
 impl Default for RetryPolicy {

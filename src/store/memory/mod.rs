@@ -128,7 +128,8 @@ impl Shared {
                 self.work_cv.notify_one();
             }
         }
-        if state.closed && state.outstanding() == 0 {
+        if state.closed && state.outstanding() <= 1 {
+            // The drain is done (or down to the task of a handler that called shutdown).
             self.wake_all();
         }
     }
@@ -197,13 +198,15 @@ impl Shared {
         state
     }
 
-    /// Closes the pool, lets the workers drain it until `deadline` (on the pool's clock; `None`
-    /// waits for the drain however long it takes), then stops it: whatever is left is cancelled
-    /// and running handlers see their tokens fire. Returns whether the deadline was reached.
-    pub(crate) fn drain(&self, deadline: Option<Instant>) -> bool {
+    /// Closes the pool, lets the workers drain it until at most `remaining` tasks are left (the
+    /// caller's own task, when a handler shuts its pool down) or `deadline` passes (on the pool's
+    /// clock; `None` waits for the drain however long it takes), then stops it: whatever is left
+    /// is cancelled and running handlers see their tokens fire. Returns whether the deadline was
+    /// reached.
+    pub(crate) fn drain(&self, remaining: usize, deadline: Option<Instant>) -> bool {
         let mut state = self.close();
         let mut deadline_reached = false;
-        while state.outstanding() > 0 {
+        while state.outstanding() > remaining {
             if deadline.is_some_and(|d| self.clock.now() >= d) {
                 deadline_reached = true;
                 break;
