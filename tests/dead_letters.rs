@@ -1,0 +1,249 @@
+//! Dead letters: permanent errors and panics fail after one attempt, are listed, can be
+//! resubmitted once; panics never cost the pool a worker.
+
+mod support_a;
+
+use std::panic;
+use std::sync::Arc;
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use support_a::{HANG_GUARD, finish};
+use taskq::{
+    FailureReason, HandlerError, Outcome, Pool, ResubmitError, RetryPolicy, TaskState, TaskType,
+};
+
+/// Panics whose message contains this are expected: the hook keeps them off the test output.
+const EXPECTED: &str = "[expected panic]";
+
+/// Installs, once per test binary, a panic hook that silences the expected panics and hands every
+/// other panic (a failing assertion) to the default hook.
+fn silence_expected_panics() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let default = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+            if !message.is_some_and(|m| m.contains(EXPECTED)) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// What a `JOB` task does when it runs.
+#[derive(Clone, Copy, Debug)]
+enum Behaviour {
+    Succeed,
+    FailPermanently,
+    Panic,
+    /// Fails permanently until the shared switch is on, then succeeds.
+    FailUntilFixed,
+}
+
+const JOB: TaskType<(u32, Behaviour), u32> = TaskType::new("job");
+
+/// A pool that would retry up to 5 times, with `JOB` registered; `fixed` is the switch of
+/// [`Behaviour::FailUntilFixed`].
+fn pool(workers: usize, fixed: Arc<AtomicBool>) -> Pool {
+    silence_expected_panics();
+    Pool::builder()
+        .workers(workers)
+        .max_attempts(5)
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_micros(10),
+            Duration::from_micros(10),
+        ))
+        .register(
+            JOB,
+            move |_, &(n, behaviour): &(u32, Behaviour)| match behaviour {
+                Behaviour::Succeed => Ok(n),
+                Behaviour::FailPermanently => {
+                    Err(HandlerError::permanent(format!("bad input {n}")))
+                }
+                Behaviour::Panic => panic!("{EXPECTED} boom {n}"),
+                Behaviour::FailUntilFixed if fixed.load(Ordering::SeqCst) => Ok(n),
+                Behaviour::FailUntilFixed => Err(HandlerError::permanent("not fixed yet")),
+            },
+        )
+        .build()
+        .expect("build the pool")
+}
+
+#[test]
+fn permanent_errors_and_panics_fail_after_one_attempt_and_are_listed() {
+    let pool = pool(2, Arc::default());
+    let ok = pool.submit(JOB.task((1, Behaviour::Succeed))).unwrap();
+    let permanent = pool
+        .submit(JOB.task((2, Behaviour::FailPermanently)).priority(3))
+        .unwrap();
+    let panicked = pool.submit(JOB.task((3, Behaviour::Panic))).unwrap();
+
+    assert_eq!(finish(&ok), Outcome::Succeeded(1));
+    let Outcome::Failed(failure) = finish(&permanent) else {
+        panic!("expected a failure");
+    };
+    assert_eq!(
+        (failure.reason, failure.attempts, failure.error.as_str()),
+        (FailureReason::Permanent, 1, "bad input 2")
+    );
+    let Outcome::Failed(failure) = finish(&panicked) else {
+        panic!("expected a failure");
+    };
+    assert_eq!(
+        (failure.reason, failure.attempts),
+        (FailureReason::Panicked, 1)
+    );
+    assert_eq!(
+        failure.error,
+        format!("{EXPECTED} boom 3"),
+        "the panic message is kept"
+    );
+    assert_eq!(pool.stats().totals.retried, 0);
+
+    let dead = pool.dead_letters();
+    let ids: Vec<_> = dead.iter().map(|d| d.id).collect();
+    assert_eq!(ids, vec![permanent.id(), panicked.id()], "oldest id first");
+    assert_eq!(dead[0].task_type, "job");
+    assert_eq!(dead[0].priority, 3);
+    assert_eq!(dead[0].failure.reason, FailureReason::Permanent);
+    assert_eq!(dead[0].failure.error, "bad input 2");
+    assert_eq!(dead[1].failure.reason, FailureReason::Panicked);
+    assert_eq!(dead[1].failure.attempts, 1);
+    assert_eq!(pool.stats().dead_letters, 2);
+    assert_eq!(pool.stats().totals.failed, 2);
+}
+
+#[test]
+fn a_resubmitted_dead_letter_runs_again_once() {
+    let fixed = Arc::new(AtomicBool::new(false));
+    let pool = pool(1, Arc::clone(&fixed));
+    let first = pool
+        .submit(JOB.task((7, Behaviour::FailUntilFixed)).priority(9))
+        .unwrap();
+    assert!(finish(&first).is_failed());
+    assert_eq!(pool.dead_letters().len(), 1);
+
+    fixed.store(true, Ordering::SeqCst);
+    let again = pool.resubmit(first.id()).expect("resubmit the dead letter");
+    assert_ne!(again, first.id(), "a resubmit is a new task");
+    let handle = pool.handle(JOB, again).expect("the new task is known");
+    assert_eq!(finish(&handle), Outcome::Succeeded(7));
+    let info = pool.info(again).unwrap();
+    assert_eq!(
+        (info.attempts, info.priority),
+        (1, 9),
+        "fresh attempts, same priority"
+    );
+
+    assert!(pool.dead_letters().is_empty(), "it left the list");
+    assert_eq!(pool.stats().dead_letters, 0);
+    // The old task stays failed, and points at its successor.
+    let old = pool.info(first.id()).unwrap();
+    assert_eq!(old.state, TaskState::Failed);
+    assert_eq!(old.resubmitted_as, Some(again));
+    assert_eq!(first.status(), TaskState::Failed);
+
+    assert_eq!(
+        pool.resubmit(first.id()),
+        Err(ResubmitError::AlreadyResubmitted(first.id(), again))
+    );
+    assert_eq!(
+        pool.resubmit(again),
+        Err(ResubmitError::NotDeadLetter(again, TaskState::Succeeded))
+    );
+    let ok = pool.submit(JOB.task((8, Behaviour::Succeed))).unwrap();
+    finish(&ok);
+    assert_eq!(
+        pool.resubmit(ok.id()),
+        Err(ResubmitError::NotDeadLetter(ok.id(), TaskState::Succeeded))
+    );
+    assert_eq!(pool.stats().totals.submitted, 3);
+}
+
+#[test]
+fn a_resubmitted_dead_letter_that_fails_again_is_a_new_dead_letter() {
+    let pool = pool(1, Arc::default());
+    let first = pool.submit(JOB.task((4, Behaviour::Panic))).unwrap();
+    assert!(finish(&first).is_failed());
+    let again = pool.resubmit(first.id()).unwrap();
+    let handle = pool.handle(JOB, again).unwrap();
+    assert!(finish(&handle).is_failed());
+    let ids: Vec<_> = pool.dead_letters().iter().map(|d| d.id).collect();
+    assert_eq!(ids, vec![again]);
+}
+
+/// Arrives at the rendezvous, then holds its worker until the test lets every arrival go.
+const RENDEZVOUS: TaskType<(Sender<()>, Receiver<()>), ()> = TaskType::new("rendezvous");
+
+#[test]
+fn a_thousand_panics_leave_every_worker_alive() {
+    silence_expected_panics();
+    const WORKERS: usize = 4;
+    let pool = Pool::builder()
+        .workers(WORKERS)
+        .register(
+            JOB,
+            |_, &(n, _): &(u32, Behaviour)| -> Result<u32, HandlerError> {
+                panic!("{EXPECTED} panic {n}")
+            },
+        )
+        .register(
+            RENDEZVOUS,
+            |_, (arrived, go): &(Sender<()>, Receiver<()>)| {
+                arrived.send(()).unwrap();
+                go.recv_timeout(HANG_GUARD).unwrap();
+                Ok::<_, HandlerError>(())
+            },
+        )
+        .build()
+        .unwrap();
+    assert_eq!(pool.stats().workers, WORKERS);
+
+    let handles: Vec<_> = (0..1000)
+        .map(|n| pool.submit(JOB.task((n, Behaviour::Panic))).unwrap())
+        .collect();
+    for handle in &handles {
+        match finish(handle) {
+            Outcome::Failed(failure) => {
+                assert_eq!(failure.reason, FailureReason::Panicked);
+                assert_eq!(failure.attempts, 1);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let stats = pool.stats();
+    assert_eq!(stats.workers, WORKERS);
+    assert_eq!(stats.dead_letters, 1000);
+    assert_eq!(stats.totals.failed, 1000);
+
+    // Every worker still runs tasks: four handlers that each hold their worker until all four
+    // have arrived can only all arrive if four workers are alive.
+    let (arrived_tx, arrived_rx) = crossbeam_channel::unbounded();
+    let (go_tx, go_rx) = crossbeam_channel::unbounded();
+    let rendezvous: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            pool.submit(RENDEZVOUS.task((arrived_tx.clone(), go_rx.clone())))
+                .unwrap()
+        })
+        .collect();
+    for arrival in 0..WORKERS {
+        arrived_rx
+            .recv_timeout(HANG_GUARD)
+            .unwrap_or_else(|_| panic!("only {arrival} of {WORKERS} workers ran a task"));
+    }
+    assert_eq!(pool.stats().running, WORKERS);
+    for _ in 0..WORKERS {
+        go_tx.send(()).unwrap();
+    }
+    for handle in &rendezvous {
+        assert_eq!(finish(handle), Outcome::Succeeded(()));
+    }
+    assert_eq!(pool.stats().workers, WORKERS);
+}
