@@ -397,9 +397,10 @@ impl Pool {
     /// Calling it again, or from several threads, is safe: each call returns once the pool is
     /// stopped. A timeout too long to represent means no deadline.
     ///
-    /// Called from one of the pool's own handlers, it drains everything but that handler's own
-    /// task and does not wait for that handler's thread; the calling task's token then fires and
-    /// the task ends cancelled when its handler returns.
+    /// Called from one of the pool's own handlers, it drains what can still finish without that
+    /// handler's task (tasks that depend on it are cancelled), waits for the other workers to
+    /// leave, and returns; the calling task's token has then fired, and the task ends cancelled
+    /// when its handler returns.
     ///
     /// # Examples
     ///
@@ -425,18 +426,18 @@ impl Pool {
     pub fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let started = Instant::now();
         let deadline = deadline_after(self.shared.clock(), timeout);
-        let current = sync::current_thread_id();
-        let on_worker = self.worker_ids.contains(&current);
-        // A handler that shuts its own pool down cannot wait for its own task.
-        let deadline_reached = self.shared.drain(usize::from(on_worker), deadline);
-        let handles = std::mem::take(&mut *self.workers.lock());
-        for handle in handles {
-            if sync::thread_id(&handle) != current {
+        // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
+        // (another handler may be in shutdown too, waiting for this one's thread).
+        let from_handler = self.worker_ids.contains(&sync::current_thread_id());
+        let deadline_reached = self.shared.drain(from_handler, deadline);
+        if !from_handler {
+            let handles = std::mem::take(&mut *self.workers.lock());
+            for handle in handles {
                 // A worker never panics out of its loop (handler panics are caught).
                 let _ = handle.join();
             }
         }
-        let totals = self.shared.wait_for_workers(usize::from(on_worker));
+        let totals = self.shared.wait_for_workers(from_handler);
         ShutdownReport {
             succeeded: totals.succeeded,
             failed: totals.failed,

@@ -128,8 +128,7 @@ impl Shared {
                 self.work_cv.notify_one();
             }
         }
-        if state.closed && state.outstanding() <= 1 {
-            // The drain is done (or down to the task of a handler that called shutdown).
+        if state.closed && state.drained() {
             self.wake_all();
         }
     }
@@ -198,15 +197,20 @@ impl Shared {
         state
     }
 
-    /// Closes the pool, lets the workers drain it until at most `remaining` tasks are left (the
-    /// caller's own task, when a handler shuts its pool down) or `deadline` passes (on the pool's
-    /// clock; `None` waits for the drain however long it takes), then stops it: whatever is left
-    /// is cancelled and running handlers see their tokens fire. Returns whether the deadline was
-    /// reached.
-    pub(crate) fn drain(&self, remaining: usize, deadline: Option<Instant>) -> bool {
+    /// Closes the pool, lets the workers drain it until nothing can make progress any more (see
+    /// [`State::drained`]) or `deadline` passes (on the pool's clock; `None` waits for the drain
+    /// however long it takes), then stops it: whatever is left is cancelled and running handlers
+    /// see their tokens fire. Returns whether the deadline was reached.
+    ///
+    /// `from_handler`: the caller is one of the pool's handlers, whose own task cannot finish
+    /// while it waits here.
+    pub(crate) fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> bool {
         let mut state = self.close();
+        if from_handler {
+            state.handlers_in_shutdown += 1;
+        }
         let mut deadline_reached = false;
-        while state.outstanding() > remaining {
+        while !state.drained() {
             if deadline.is_some_and(|d| self.clock.now() >= d) {
                 deadline_reached = true;
                 break;
@@ -234,11 +238,17 @@ impl Shared {
         effects.apply();
     }
 
-    /// Waits until at most `allowed` worker threads are still running their loop.
-    pub(crate) fn wait_for_workers(&self, allowed: usize) -> Totals {
+    /// Waits until every worker has left its loop, except those whose handlers are themselves
+    /// in `shutdown` (with `from_handler`, the caller's own is one of them and leaves the count
+    /// on return).
+    pub(crate) fn wait_for_workers(&self, from_handler: bool) -> Totals {
         let mut state = self.state.lock();
-        while state.live_workers > allowed {
+        while state.live_workers > state.handlers_in_shutdown {
             self.done_cv.wait(&mut state);
+        }
+        if from_handler {
+            state.handlers_in_shutdown -= 1;
+            self.done_cv.notify_all();
         }
         state.totals()
     }

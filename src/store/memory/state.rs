@@ -145,6 +145,9 @@ pub(crate) struct State {
     pub(crate) timer_sleeping: bool,
     /// Worker threads that have not exited.
     pub(crate) live_workers: usize,
+    /// Handlers blocked in `Pool::shutdown` of their own pool: their tasks cannot finish while
+    /// the drain waits.
+    pub(crate) handlers_in_shutdown: usize,
 }
 
 impl State {
@@ -165,12 +168,22 @@ impl State {
             idle: 0,
             timer_sleeping: false,
             live_workers: workers,
+            handlers_in_shutdown: 0,
         }
     }
 
     /// Tasks that have not reached a terminal state.
     pub(crate) fn outstanding(&self) -> usize {
         self.counts.outstanding()
+    }
+
+    /// Whether a shutdown's drain is over: no task is ready, scheduled or running except the
+    /// tasks of handlers waiting in `shutdown` themselves. Blocked tasks need not be counted:
+    /// dependencies are acyclic, so every blocked task waits, through a chain, on a ready,
+    /// scheduled or running one; if only handlers in shutdown run, nothing left can progress.
+    pub(crate) fn drained(&self) -> bool {
+        let active = self.counts.ready + self.counts.scheduled + self.counts.running;
+        active <= self.handlers_in_shutdown
     }
 
     pub(crate) fn has_ready(&self) -> bool {
