@@ -320,6 +320,39 @@ impl Pool {
         (index == type_index).then(|| TaskHandle::new(id, completion, Arc::downgrade(&self.shared)))
     }
 
+    /// Blocks until no task is ready or running and none is due: everything left waits for a
+    /// later run_at (on the pool's clock) or for a dependency. Returns at once on an idle pool.
+    ///
+    /// Made for tests on a [`ManualClock`](crate::ManualClock): advance the clock, wait until
+    /// the pool has done everything that became due, then look at the outcome. With tasks
+    /// submitted from other threads meanwhile, the pool may be busy again by the time this
+    /// returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
+    ///
+    /// const TICK: TaskType<(), ()> = TaskType::new("tick");
+    /// let clock = ManualClock::new();
+    /// let pool = Pool::builder()
+    ///     .workers(2)
+    ///     .manual_clock(clock.clone())
+    ///     .register(TICK, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// let soon = pool.submit(TICK.task(()).delay(Duration::from_secs(1)))?;
+    /// let later = pool.submit(TICK.task(()).delay(Duration::from_secs(2)))?;
+    /// clock.advance(Duration::from_secs(1));
+    /// pool.wait_idle();
+    /// assert_eq!(soon.status(), TaskState::Succeeded);
+    /// assert_eq!(later.status(), TaskState::Scheduled);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_idle(&self) {
+        self.shared.wait_idle();
+    }
+
     /// A snapshot of the pool's counts.
     ///
     /// # Examples

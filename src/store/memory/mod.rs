@@ -22,6 +22,7 @@
 //!    everyone: workers re-check whether to exit, `shutdown` re-checks whether it is done.
 //! 5. A manual clock's advance wakes the timer and `shutdown` (their deadlines are on that clock)
 //!    and, with no timer, one idle worker.
+//! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
 //!
 //! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
@@ -130,6 +131,9 @@ impl Shared {
         }
         if state.closed && state.drained() {
             self.wake_all();
+        } else if state.counts_idle() {
+            // Rule 6 (waiters re-check due times themselves).
+            self.done_cv.notify_all();
         }
     }
 
@@ -251,6 +255,14 @@ impl Shared {
             self.done_cv.notify_all();
         }
         state.totals()
+    }
+
+    /// Blocks until the pool is idle (see `State::is_idle`).
+    pub(crate) fn wait_idle(&self) {
+        let mut state = self.state.lock();
+        while !state.is_idle(self.clock.now()) {
+            self.done_cv.wait(&mut state);
+        }
     }
 
     /// A worker's loop ended.

@@ -186,6 +186,19 @@ impl State {
         active <= self.handlers_in_shutdown
     }
 
+    /// Whether no task is ready or running, and none is due at `now`: what is left waits for a
+    /// later run_at or for a dependency.
+    pub(crate) fn is_idle(&mut self, now: Instant) -> bool {
+        self.counts.ready == 0
+            && self.counts.running == 0
+            && self.earliest_due().is_none_or(|due| due > now)
+    }
+
+    /// Nothing ready or running (due times not looked at).
+    pub(crate) fn counts_idle(&self) -> bool {
+        self.counts.ready == 0 && self.counts.running == 0
+    }
+
     pub(crate) fn has_ready(&self) -> bool {
         !self.ready.is_empty()
     }
