@@ -4,8 +4,8 @@
 //!
 //! Progress goes to stderr, the tables to stdout. `TASKQ_REPORT_ONLY=latency,burst` runs only
 //! the workloads named (throughput, latency, delayed, memory, deep_queue, burst, idle).
-//! `TASKQ_REPORT_PROFILE=1` runs only taskq's throughput at 2 workers on 200,000 tasks, for
-//! `valgrind --tool=callgrind`.
+//! `TASKQ_REPORT_PROFILE=2` runs only taskq's throughput, with that many workers, on 200,000
+//! tasks: for `valgrind --tool=callgrind` or `perf`.
 
 mod common;
 
@@ -159,10 +159,11 @@ fn main() {
         memory_child(&mode);
         return;
     }
-    if env::var_os("TASKQ_REPORT_PROFILE").is_some() {
-        let pool = Pool::new(Kind::Taskq, 2, "prof");
+    if let Ok(workers) = env::var("TASKQ_REPORT_PROFILE") {
+        let workers = workers.parse().expect("TASKQ_REPORT_PROFILE=<workers>");
+        let pool = Pool::new(Kind::Taskq, workers, "prof");
         let elapsed = common::throughput(&pool, 200_000);
-        eprintln!("taskq, 2 workers, 200,000 tasks: {elapsed:?}");
+        eprintln!("taskq, {workers} workers, 200,000 tasks: {elapsed:?}");
         pool.close();
         return;
     }
