@@ -82,6 +82,12 @@ impl CancelToken {
         self.inner.cv.notify_all();
     }
 
+    /// Whether this is the only handle to the token and it has not fired: it can serve another
+    /// task. (A manual clock may hold a weak reference; waking an unfired token is harmless.)
+    pub(crate) fn reusable(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1 && !self.is_cancelled()
+    }
+
     /// Whether the token has fired.
     ///
     /// # Examples

@@ -53,6 +53,11 @@ impl Context {
         }
     }
 
+    /// Gives the token back to the worker, which may reuse it for its next task.
+    pub(crate) fn into_token(self) -> CancelToken {
+        self.token
+    }
+
     /// The task's id.
     ///
     /// # Examples

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::builder::Builder;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitError, SubmitErrorKind};
-use crate::handle::TaskHandle;
+use crate::handle::{Completion, TaskHandle};
 use crate::stats::{ShutdownReport, Stats, TaskInfo};
 use crate::store::memory::{Effects, NewTask, Shared, deadline_after};
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
@@ -156,6 +156,8 @@ impl Pool {
             },
         };
 
+        // Allocated before taking the lock, to keep the critical section short.
+        let completion = Completion::new();
         let mut effects = Effects::default();
         let mut state = self.shared.lock();
         if state.closed {
@@ -203,8 +205,8 @@ impl Pool {
             dependencies,
             key,
         };
-        let (id, completion) = state.insert(new, now, &mut effects);
-        self.shared.notify(&state, &effects);
+        let (id, completion) = state.insert(new, completion, now, &mut effects);
+        self.shared.notify(&mut state, &effects);
         drop(state);
         effects.apply();
         Ok(TaskHandle::new(

@@ -45,8 +45,15 @@ impl Registry {
         Ok(())
     }
 
+    /// The index of the type named `name`. Names usually come from the same `&'static str` the
+    /// type was registered with, so a scan comparing addresses first beats hashing the name
+    /// while there are few types.
     pub(crate) fn index_of(&self, name: &str) -> Option<u32> {
-        self.by_name.get(name).copied()
+        if self.entries.len() > 16 {
+            return self.by_name.get(name).copied();
+        }
+        let same = |e: &Entry| std::ptr::eq(e.name, name) || e.name == name;
+        self.entries.iter().position(same).map(|i| i as u32)
     }
 
     pub(crate) fn entry(&self, index: u32) -> &Entry {

@@ -14,10 +14,10 @@
 pub use std::sync::{Arc, Weak};
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 // ===== parking_lot (normal builds) =====
 
@@ -82,6 +82,10 @@ mod imp {
             builder = builder.stack_size(size);
         }
         builder.spawn(f)
+    }
+
+    pub fn yield_now() {
+        std::thread::yield_now();
     }
 
     pub type ThreadId = std::thread::ThreadId;
@@ -174,6 +178,10 @@ mod imp {
         F: FnOnce() + Send + 'static,
     {
         loom::thread::Builder::new().name(name).spawn(f)
+    }
+
+    pub fn yield_now() {
+        loom::thread::yield_now();
     }
 
     pub type ThreadId = loom::thread::ThreadId;

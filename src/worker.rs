@@ -14,13 +14,14 @@ use crate::unwind;
 
 /// Runs tasks from `store` until it says to stop.
 pub(crate) fn run<S: Store + ?Sized, R: Rng>(store: &S, rng: &mut R) {
-    while let Some(claim) = store.claim() {
+    let mut next = store.claim(None);
+    while let Some(claim) = next {
         let entry = store.registry().entry(claim.type_index);
         let ctx = Context::new(claim.id, claim.attempt, entry.name, claim.token.clone());
         let result = unwind::catch(|| (entry.handler)(&ctx, &*claim.payload));
-        drop(ctx);
+        let token = ctx.into_token();
         let outcome = classify(result, claim.attempt, entry, rng);
-        store.complete(claim, outcome);
+        next = store.complete_and_claim(claim, outcome, token);
     }
 }
 

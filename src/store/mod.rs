@@ -44,9 +44,17 @@ pub(crate) trait Store: Send + Sync {
     /// The handlers, by the type index in each claim.
     fn registry(&self) -> &Registry;
 
-    /// Blocks until a task can run, and claims it; `None` when the worker should exit.
-    fn claim(&self) -> Option<Claim>;
+    /// Blocks until a task can run, and claims it; `None` when the worker should exit. `spare`
+    /// is a token the claim may use instead of allocating one.
+    fn claim(&self, spare: Option<CancelToken>) -> Option<Claim>;
 
-    /// Records the outcome of a claimed task's run.
-    fn complete(&self, claim: Claim, outcome: RunOutcome);
+    /// Records the outcome of a claimed task's run, then claims the next task as
+    /// [`claim`](Store::claim) does (under one lock when a task is ready at once). `token` is the
+    /// finished claim's token, which the next claim reuses if nobody else holds it.
+    fn complete_and_claim(
+        &self,
+        claim: Claim,
+        outcome: RunOutcome,
+        token: CancelToken,
+    ) -> Option<Claim>;
 }

@@ -4,18 +4,30 @@
 //!
 //! Idle workers sleep in one of two places, both under the pool's one lock:
 //!
-//! * `work_cv`: untimed. `State::idle` counts the workers here.
+//! * `work_cv`: untimed. `State::idle` counts the workers here, `State::notified` those of them
+//!   already notified but not yet running again.
 //! * `timer_cv`: at most one worker, the *timer*, sleeps here until the earliest due time of the
 //!   delayed heap (`State::timer_sleeping`). Only it uses a timed wait, so a thousand delayed
 //!   tasks never wake a hundred workers at once, and a pool with nothing delayed has no timed
 //!   wait at all: an idle pool wakes no thread.
 //!
+//! *Waking a sleeper* means: an idle worker not yet notified if there is one, else the timer if
+//! it is not yet notified, else nobody (everyone asleep is already on the way). A notified worker
+//! counts as on the way until it holds the lock again; a worker that wakes for another reason
+//! (a broadcast, a spurious wake-up) may take another's count with it, which only ever makes the
+//! pool notify more, never less.
+//!
+//! *Searchers* are the workers on their way to look for work: those notified and not yet
+//! running, and those spinning (below). Keeping one searcher per ready task is enough: each takes
+//! a task or finds the queue empty.
+//!
 //! The rules that keep every ready task served (each checked under the lock):
 //!
-//! 1. A task becoming ready wakes one sleeper: an idle worker if there is one, else the timer.
-//! 2. A worker that takes a task while more are ready, or while delayed tasks have no timer,
-//!    wakes one more sleeper (the same choice), so wake-ups chain instead of being lost when two
-//!    notifications reach one waiter.
+//! 1. When tasks become ready, sleepers are woken until there are as many searchers as ready
+//!    tasks (or nobody is left to wake).
+//! 2. A worker that takes a task applies rule 1 to the tasks still ready, and wakes a sleeper if
+//!    delayed tasks have no timer. Every worker, woken or done with a task, looks for work before
+//!    it sleeps, so a notification that finds its sleeper already awake loses nothing.
 //! 3. A new earliest due time wakes the timer (to shorten its sleep), or, with no timer, one
 //!    idle worker (to become it).
 //! 4. Closing the pool, stopping it, and the last outstanding task of a closed pool ending wake
@@ -23,6 +35,13 @@
 //! 5. A manual clock's advance wakes the timer and `shutdown` (their deadlines are on that clock)
 //!    and, with no timer, one idle worker.
 //! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
+//!
+//! Before a worker goes to sleep untimed, it spins for a few microseconds outside the lock,
+//! watching `Shared::ready_epoch`, which every transition that makes a task ready bumps: a worker
+//! that keeps up with its producer then catches the next task without two context switches. A
+//! spinning worker is not counted as idle, and it re-checks the queue under the lock before it
+//! sleeps, so spinning never loses a wake-up; it happens once per idle period, so an idle pool
+//! still wakes no thread. Under loom there is no spinning (a model gains nothing from it).
 //!
 //! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
@@ -39,6 +58,7 @@ use rand::rngs::SmallRng;
 pub(crate) use record::Effects;
 pub(crate) use state::{NewTask, Retention, State};
 
+use crate::cancel::CancelToken;
 use crate::clock::{Clock, Wake};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError};
@@ -46,7 +66,7 @@ use crate::pool::CancelOutcome;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals};
 use crate::store::{Claim, RunOutcome, Store};
-use crate::sync::{AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 use crate::task::{CancelReason, TaskId, TaskState};
 
 /// What the pool, its workers and its handles share.
@@ -60,6 +80,11 @@ pub(crate) struct Shared {
     done_cv: Condvar,
     /// Set when the pool closes: a submit fails fast without taking the lock.
     closed: AtomicBool,
+    /// Bumped (under the lock) whenever tasks become ready or the pool closes: what spinning
+    /// workers watch.
+    ready_epoch: AtomicU64,
+    /// Workers spinning now.
+    spinners: AtomicUsize,
     registry: Registry,
     clock: Clock,
     seed: Option<u64>,
@@ -79,6 +104,8 @@ impl Shared {
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
             closed: AtomicBool::new(false),
+            ready_epoch: AtomicU64::new(0),
+            spinners: AtomicUsize::new(0),
             registry,
             clock,
             seed,
@@ -107,25 +134,46 @@ impl Shared {
 
     // ===== wake-ups =====
 
-    /// Rule 1: one sleeper for one ready task.
-    fn wake_one(&self, state: &State) {
-        if state.idle > 0 {
+    /// Wakes a sleeper (see the module docs); returns whether one was notified.
+    fn wake_one(&self, state: &mut State) -> bool {
+        if state.idle > state.notified {
+            state.notified += 1;
             self.work_cv.notify_one();
-        } else if state.timer_sleeping {
+            true
+        } else if state.timer_sleeping && !state.timer_notified {
+            state.timer_notified = true;
             self.timer_cv.notify_one();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Rule 1: as many searchers as ready tasks.
+    fn wake_for_ready(&self, state: &mut State) {
+        loop {
+            let searchers = state.notified
+                + usize::from(state.timer_notified)
+                + self.spinners.load(Ordering::Acquire);
+            if state.ready_len() <= searchers || !self.wake_one(state) {
+                return;
+            }
         }
     }
 
     /// Applies the wake-up rules for what a transition did; call with the lock held.
-    pub(crate) fn notify(&self, state: &State, effects: &Effects) {
-        for _ in 0..effects.newly_ready.min(state.idle + 1) {
-            self.wake_one(state);
+    pub(crate) fn notify(&self, state: &mut State, effects: &Effects) {
+        if effects.newly_ready > 0 {
+            self.ready_epoch.fetch_add(1, Ordering::Release);
+            self.wake_for_ready(state);
         }
         if effects.new_earliest {
             // Rule 3.
             if state.timer_sleeping {
+                state.timer_notified = true;
                 self.timer_cv.notify_one();
-            } else if state.idle > 0 {
+            } else if state.idle > state.notified {
+                state.notified += 1;
                 self.work_cv.notify_one();
             }
         }
@@ -139,6 +187,7 @@ impl Shared {
 
     /// Rule 4.
     fn wake_all(&self) {
+        self.ready_epoch.fetch_add(1, Ordering::Release);
         self.work_cv.notify_all();
         self.timer_cv.notify_all();
         self.done_cv.notify_all();
@@ -155,7 +204,7 @@ impl Shared {
             let mut state = self.state.lock();
             let now = self.clock.now();
             let result = f(&mut state, now, &mut effects);
-            self.notify(&state, &effects);
+            self.notify(&mut state, &effects);
             result
         };
         effects.apply();
@@ -278,28 +327,16 @@ impl Store for Shared {
         &self.registry
     }
 
-    fn claim(&self) -> Option<Claim> {
+    fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
+        let mut spare = spare;
+        let mut spun = false;
         let mut state = self.state.lock();
-        let mut effects = Effects::default();
         loop {
             if state.stopping {
                 return None;
             }
             let now = self.clock.now();
-            state.promote_due(now, &mut effects);
-            let promoted = std::mem::take(&mut effects.newly_ready);
-            if let Some(claim) = state.claim_next(now, &self.clock) {
-                // Rule 1 for the tasks this worker promoted but cannot take itself.
-                let others = promoted.saturating_sub(1).min(state.idle);
-                for _ in 0..others {
-                    self.work_cv.notify_one();
-                }
-                // Rule 2: hand on what this worker cannot take.
-                if others == 0
-                    && (state.has_ready() || (state.has_scheduled() && !state.timer_sleeping))
-                {
-                    self.wake_one(&state);
-                }
+            if let Some(claim) = self.take(&mut state, now, &mut spare) {
                 return Some(claim);
             }
             if state.closed && state.outstanding() == 0 {
@@ -310,29 +347,114 @@ impl Store for Shared {
                     state.timer_sleeping = true;
                     self.clock.wait_until(&self.timer_cv, &mut state, Some(due));
                     state.timer_sleeping = false;
+                    state.timer_notified = false;
+                }
+                _ if SPIN && !spun => {
+                    spun = true;
+                    let epoch = self.ready_epoch.load(Ordering::Acquire);
+                    drop(state);
+                    self.spin_for_work(epoch);
+                    state = self.state.lock();
                 }
                 _ => {
                     state.idle += 1;
                     self.work_cv.wait(&mut state);
                     state.idle -= 1;
+                    state.notified = state.notified.saturating_sub(1);
+                    spun = false;
                 }
             }
         }
     }
 
-    fn complete(&self, claim: Claim, outcome: RunOutcome) {
-        self.transition(|state, now, effects| state.complete(claim, outcome, now, effects));
+    fn complete_and_claim(
+        &self,
+        claim: Claim,
+        outcome: RunOutcome,
+        token: CancelToken,
+    ) -> Option<Claim> {
+        let mut effects = Effects::default();
+        let next = {
+            let mut state = self.state.lock();
+            let now = self.clock.now();
+            state.complete(claim, outcome, now, &mut effects);
+            // The record and the claim have dropped their clones of the token: if the handler
+            // kept none either, the next task can have it.
+            let mut spare = token.reusable().then_some(token);
+            let next = if state.stopping {
+                None
+            } else {
+                self.take(&mut state, now, &mut spare)
+            };
+            if next.is_some() {
+                // take() already woke sleepers for every task still ready.
+                effects.newly_ready = 0;
+            }
+            self.notify(&mut state, &effects);
+            next
+        };
+        effects.apply();
+        // Nothing to take at once: publish the outcome first (above), then wait for work.
+        next.or_else(|| self.claim(None))
+    }
+}
+
+/// Whether idle workers spin before they sleep (not under loom).
+const SPIN: bool = cfg!(not(loom));
+const MAX_SPINNERS: usize = 1;
+const SPIN_ROUNDS: u32 = 10;
+const SPIN_ONLY_ROUNDS: u32 = 7;
+
+impl Shared {
+    /// Spins, then yields, for a few microseconds or until `ready_epoch` moves past `epoch`.
+    /// At most one worker spins at a time: more would only take the CPU from the producers.
+    fn spin_for_work(&self, epoch: u64) {
+        if self.spinners.fetch_add(1, Ordering::Acquire) >= MAX_SPINNERS {
+            self.spinners.fetch_sub(1, Ordering::Release);
+            return;
+        }
+        for round in 0..SPIN_ROUNDS {
+            if self.ready_epoch.load(Ordering::Acquire) != epoch {
+                break;
+            }
+            if round < SPIN_ONLY_ROUNDS {
+                for _ in 0..(1u32 << round) {
+                    std::hint::spin_loop();
+                }
+            } else {
+                sync::yield_now();
+            }
+        }
+        self.spinners.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Promotes due tasks and takes the next ready one, waking sleepers for what is left
+    /// (rule 2). Never waits.
+    fn take(
+        &self,
+        state: &mut State,
+        now: Instant,
+        spare: &mut Option<CancelToken>,
+    ) -> Option<Claim> {
+        let mut promoted = Effects::default();
+        state.promote_due(now, &mut promoted);
+        let claim = state.claim_next(now, &self.clock, spare)?;
+        self.wake_for_ready(state);
+        if state.has_scheduled() && !state.timer_sleeping {
+            self.wake_one(state);
+        }
+        Some(claim)
     }
 }
 
 impl Wake for Shared {
     /// Rule 5.
     fn wake(&self) {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
         self.timer_cv.notify_all();
         self.done_cv.notify_all();
-        if !state.timer_sleeping && state.idle > 0 {
-            self.work_cv.notify_one();
+        if !state.timer_sleeping && state.has_scheduled() {
+            self.wake_one(&mut state);
         }
     }
 }

@@ -43,6 +43,7 @@ impl ReadyQueue {
         self.len
     }
 
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -63,10 +63,14 @@ impl Record {
 
 /// What a transition leaves to do once the lock is released: publish outcomes (waking waiters)
 /// and drop user values (a payload's or output's `Drop` is user code, never run under the lock).
+///
+/// Most transitions publish one outcome and drop one or two values: those need no allocation.
 #[derive(Default)]
 pub(crate) struct Effects {
-    publish: Vec<(Arc<Completion>, Finished)>,
-    drops: Vec<Box<dyn Any + Send>>,
+    publish_first: Option<(Arc<Completion>, Finished)>,
+    publish_more: Vec<(Arc<Completion>, Finished)>,
+    drops_first: [Option<Box<dyn Any + Send>>; 2],
+    drops_more: Vec<Box<dyn Any + Send>>,
     /// Tasks that became ready: wake that many idle workers.
     pub(crate) newly_ready: usize,
     /// A task became the earliest delayed one: the timer must re-check its deadline.
@@ -75,18 +79,26 @@ pub(crate) struct Effects {
 
 impl Effects {
     pub(crate) fn publish(&mut self, completion: Arc<Completion>, finished: Finished) {
-        self.publish.push((completion, finished));
+        if self.publish_first.is_none() {
+            self.publish_first = Some((completion, finished));
+        } else {
+            self.publish_more.push((completion, finished));
+        }
     }
 
     pub(crate) fn drop_later(&mut self, value: Box<dyn Any + Send>) {
-        self.drops.push(value);
+        match self.drops_first.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(value),
+            None => self.drops_more.push(value),
+        }
     }
 
     /// Publishes the outcomes and drops the values. Call without holding the pool lock.
     pub(crate) fn apply(self) {
-        for (completion, finished) in self.publish {
+        for (completion, finished) in self.publish_first.into_iter().chain(self.publish_more) {
             completion.publish(finished);
         }
-        drop(self.drops);
+        drop(self.drops_first);
+        drop(self.drops_more);
     }
 }

@@ -127,8 +127,9 @@ pub(crate) struct State {
     ready: ReadyQueue,
     delayed: DelayedQueue,
     keys: HashMap<Arc<str>, TaskId>,
-    /// Terminal tasks in the order they finished: retention drops from the front.
-    finished: VecDeque<TaskId>,
+    /// Terminal tasks, with when they finished, in that order: retention drops from the front
+    /// (without reading the old record to learn its age).
+    finished: VecDeque<(TaskId, Instant)>,
     /// Failed tasks not yet resubmitted, in id order.
     dead: BTreeSet<TaskId>,
     counts: Counts,
@@ -141,8 +142,12 @@ pub(crate) struct State {
     pub(crate) stopping: bool,
     /// Workers waiting, untimed, for work (wake-up protocol, see `mod.rs`).
     pub(crate) idle: usize,
+    /// Idle workers notified and not yet running again (wake-up protocol).
+    pub(crate) notified: usize,
     /// Whether one worker is sleeping until the earliest due time.
     pub(crate) timer_sleeping: bool,
+    /// Whether that worker was notified and is not yet running again.
+    pub(crate) timer_notified: bool,
     /// Worker threads that have not exited.
     pub(crate) live_workers: usize,
     /// Handlers blocked in `Pool::shutdown` of their own pool: their tasks cannot finish while
@@ -166,7 +171,9 @@ impl State {
             closed: false,
             stopping: false,
             idle: 0,
+            notified: 0,
             timer_sleeping: false,
+            timer_notified: false,
             live_workers: workers,
             handlers_in_shutdown: 0,
         }
@@ -199,10 +206,6 @@ impl State {
         self.counts.ready == 0 && self.counts.running == 0
     }
 
-    pub(crate) fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
-    }
-
     pub(crate) fn has_scheduled(&self) -> bool {
         self.counts.scheduled > 0
     }
@@ -232,13 +235,13 @@ impl State {
     pub(crate) fn insert(
         &mut self,
         mut task: NewTask,
+        completion: Arc<Completion>,
         now: Instant,
         effects: &mut Effects,
     ) -> (TaskId, Arc<Completion>) {
         let id = TaskId(self.next_id);
         self.next_id += 1;
         self.totals.submitted += 1;
-        let completion = Completion::new();
 
         task.dependencies.sort_unstable();
         task.dependencies.dedup();
@@ -339,8 +342,18 @@ impl State {
         })
     }
 
-    /// Takes the next ready task for a worker.
-    pub(crate) fn claim_next(&mut self, now: Instant, clock: &Clock) -> Option<Claim> {
+    /// Ready tasks.
+    pub(crate) fn ready_len(&self) -> usize {
+        self.counts.ready
+    }
+
+    /// Takes the next ready task for a worker, giving it `spare` as its token if there is one.
+    pub(crate) fn claim_next(
+        &mut self,
+        now: Instant,
+        clock: &Clock,
+        spare: &mut Option<CancelToken>,
+    ) -> Option<Claim> {
         let records = &self.records;
         let id = self.ready.pop(|id| {
             records
@@ -353,7 +366,9 @@ impl State {
         record.state = TaskState::Running;
         record.since = now;
         record.attempts += 1;
-        let token = CancelToken::new(clock.clone());
+        let token = spare
+            .take()
+            .unwrap_or_else(|| CancelToken::new(clock.clone()));
         record.token = Some(token.clone());
         Some(Claim {
             id,
@@ -466,7 +481,7 @@ impl State {
                 .as_mut()
                 .map(|e| std::mem::take(&mut e.dependents));
             effects.publish(Arc::clone(&record.completion), finished);
-            self.finished.push_back(id);
+            self.finished.push_back((id, now));
 
             for dependent in dependents.into_iter().flatten() {
                 let record = self
@@ -593,7 +608,8 @@ impl State {
             key,
         };
         self.dead.remove(&id);
-        let (inserted, _) = self.insert(task, now, effects);
+        // Allocated under the lock: resubmitting is rare.
+        let (inserted, _) = self.insert(task, Completion::new(), now, effects);
         debug_assert_eq!(inserted, new_id);
         Ok(new_id)
     }
@@ -621,8 +637,7 @@ impl State {
 
     /// Drops the oldest terminal records beyond the retention limits.
     fn enforce_retention(&mut self, now: Instant, effects: &mut Effects) {
-        while let Some(&oldest) = self.finished.front() {
-            let finished_at = self.records[&oldest].since;
+        while let Some(&(oldest, finished_at)) = self.finished.front() {
             let too_many = self.finished.len() > self.retention.max_count;
             let too_old = self
                 .retention
