@@ -107,7 +107,8 @@ impl<O> Outcome<O> {
 /// A task's outcome as the engine stores it: the output is type-erased until a handle reads it.
 pub(crate) enum Finished {
     Succeeded(Box<dyn Any + Send + Sync>),
-    Failed(Failure),
+    // Boxed: failures are rare, and every task's completion is as large as this enum.
+    Failed(Box<Failure>),
     Cancelled(CancelReason),
 }
 
@@ -155,7 +156,7 @@ impl Completion {
                     .expect("output type checked at submit")
                     .clone(),
             ),
-            Finished::Failed(failure) => Outcome::Failed(failure.clone()),
+            Finished::Failed(failure) => Outcome::Failed(Failure::clone(failure)),
             Finished::Cancelled(reason) => Outcome::Cancelled(*reason),
         }
     }

@@ -99,7 +99,7 @@ impl Shared {
         seed: Option<u64>,
     ) -> Self {
         Shared {
-            state: Mutex::new(State::new(retention, workers)),
+            state: Mutex::new(State::new(retention, workers, clock.now())),
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),

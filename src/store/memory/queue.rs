@@ -7,7 +7,7 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::task::TaskId;
 
@@ -125,17 +125,18 @@ impl ReadyQueue {
     }
 }
 
-/// One delayed task: due at `at`; `seq` orders equal due times first-in first-out.
+/// One delayed task, in 16 bytes: due `at` nanoseconds after the queue's epoch; equal due times
+/// run in submission (id) order. A task has at most one live entry, so `(at, id)` is unique
+/// among live entries.
 #[derive(PartialEq, Eq)]
 struct DelayedEntry {
-    at: Instant,
-    seq: u64,
+    at: u64,
     id: TaskId,
 }
 
 impl Ord for DelayedEntry {
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
+        (self.at, self.id).cmp(&(other.at, other.id))
     }
 }
 
@@ -149,26 +150,29 @@ impl PartialOrd for DelayedEntry {
 pub(crate) struct DelayedQueue {
     // `BinaryHeap` is a max-heap: `Reverse` makes the earliest due time the top.
     heap: BinaryHeap<Reverse<DelayedEntry>>,
-    next_seq: u64,
+    /// Due times are kept as nanoseconds after this instant (the pool's start): no due time
+    /// is earlier, since only future run_ats are queued.
+    epoch: Instant,
 }
 
 impl DelayedQueue {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(epoch: Instant) -> Self {
         DelayedQueue {
             heap: BinaryHeap::new(),
-            next_seq: 0,
+            epoch,
         }
+    }
+
+    /// `at` as nanoseconds after the epoch, saturating (after 584 years).
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Adds an entry; returns whether it is now the earliest (a sleeping timer must re-check).
     pub(crate) fn push(&mut self, at: Instant, id: TaskId) -> bool {
+        let at = self.nanos(at);
         let earliest = self.heap.peek().is_none_or(|Reverse(top)| at < top.at);
-        self.next_seq += 1;
-        self.heap.push(Reverse(DelayedEntry {
-            at,
-            seq: self.next_seq,
-            id,
-        }));
+        self.heap.push(Reverse(DelayedEntry { at, id }));
         earliest
     }
 
@@ -176,7 +180,7 @@ impl DelayedQueue {
     pub(crate) fn earliest(&mut self, is_live: impl Fn(TaskId) -> bool) -> Option<Instant> {
         while let Some(Reverse(top)) = self.heap.peek() {
             if is_live(top.id) {
-                return Some(top.at);
+                return Some(self.epoch + Duration::from_nanos(top.at));
             }
             self.heap.pop();
         }
@@ -189,6 +193,7 @@ impl DelayedQueue {
     /// Removes and returns the earliest entry if it is due at `now` (live or stale: the caller
     /// checks).
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<TaskId> {
+        let now = self.nanos(now);
         match self.heap.peek() {
             Some(Reverse(top)) if top.at <= now => self.heap.pop().map(|Reverse(e)| e.id),
             _ => None,
@@ -204,7 +209,6 @@ impl DelayedQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn ready_is_priority_then_fifo() {
@@ -232,8 +236,8 @@ mod tests {
 
     #[test]
     fn delayed_is_earliest_first_and_fifo_on_ties() {
-        let mut q = DelayedQueue::new();
         let t0 = Instant::now();
+        let mut q = DelayedQueue::new(t0);
         assert!(q.push(t0 + Duration::from_secs(2), TaskId(1)));
         assert!(q.push(t0 + Duration::from_secs(1), TaskId(2)));
         assert!(!q.push(t0 + Duration::from_secs(1), TaskId(3)));

@@ -156,11 +156,12 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(retention: Retention, workers: usize) -> Self {
+    /// `epoch`: the pool's start on its clock; no due time is earlier.
+    pub(crate) fn new(retention: Retention, workers: usize, epoch: Instant) -> Self {
         State {
             records: IdMap::default(),
             ready: ReadyQueue::new(),
-            delayed: DelayedQueue::new(),
+            delayed: DelayedQueue::new(epoch),
             keys: HashMap::new(),
             finished: VecDeque::new(),
             dead: BTreeSet::new(),
@@ -464,7 +465,7 @@ impl State {
                     self.totals.failed += 1;
                     self.dead.insert(id);
                     record.extra().failure = Some(failure.clone());
-                    Finished::Failed(failure)
+                    Finished::Failed(Box::new(failure))
                 }
                 End::Cancelled(reason) => {
                     record.state = TaskState::Cancelled;
