@@ -84,10 +84,6 @@ mod imp {
         builder.spawn(f)
     }
 
-    pub fn yield_now() {
-        std::thread::yield_now();
-    }
-
     pub type ThreadId = std::thread::ThreadId;
 
     pub fn current_thread_id() -> ThreadId {
@@ -178,10 +174,6 @@ mod imp {
         F: FnOnce() + Send + 'static,
     {
         loom::thread::Builder::new().name(name).spawn(f)
-    }
-
-    pub fn yield_now() {
-        loom::thread::yield_now();
     }
 
     pub type ThreadId = loom::thread::ThreadId;

@@ -66,7 +66,7 @@ use crate::pool::CancelOutcome;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals};
 use crate::store::{Claim, RunOutcome, Store};
-use crate::sync::{self, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 use crate::task::{CancelReason, TaskId, TaskState};
 
 /// What the pool, its workers and its handles share.
@@ -402,12 +402,14 @@ impl Store for Shared {
 /// Whether idle workers spin before they sleep (not under loom).
 const SPIN: bool = cfg!(not(loom));
 const MAX_SPINNERS: usize = 1;
-const SPIN_ROUNDS: u32 = 10;
-const SPIN_ONLY_ROUNDS: u32 = 7;
+/// Rounds of 1, 2, 4, … spin-loop hints: 127 in all.
+const SPIN_ROUNDS: u32 = 7;
 
 impl Shared {
-    /// Spins, then yields, for a few microseconds or until `ready_epoch` moves past `epoch`.
-    /// At most one worker spins at a time: more would only take the CPU from the producers.
+    /// Spins for a microsecond or two, or until `ready_epoch` moves past `epoch`. At most one
+    /// worker spins at a time: more would only take the CPU from the producers. It never yields:
+    /// a spinner counts as a searcher, and a yield can cost a whole scheduler slice on a busy
+    /// machine while a ready task waits for it.
     fn spin_for_work(&self, epoch: u64) {
         if self.spinners.fetch_add(1, Ordering::Acquire) >= MAX_SPINNERS {
             self.spinners.fetch_sub(1, Ordering::Release);
@@ -417,12 +419,8 @@ impl Shared {
             if self.ready_epoch.load(Ordering::Acquire) != epoch {
                 break;
             }
-            if round < SPIN_ONLY_ROUNDS {
-                for _ in 0..(1u32 << round) {
-                    std::hint::spin_loop();
-                }
-            } else {
-                sync::yield_now();
+            for _ in 0..(1u32 << round) {
+                std::hint::spin_loop();
             }
         }
         self.spinners.fetch_sub(1, Ordering::Release);
@@ -438,6 +436,9 @@ impl Shared {
     ) -> Option<Claim> {
         let mut promoted = Effects::default();
         state.promote_due(now, &mut promoted);
+        if promoted.newly_ready > 0 {
+            self.ready_epoch.fetch_add(1, Ordering::Release);
+        }
         let claim = state.claim_next(now, &self.clock, spare)?;
         self.wake_for_ready(state);
         if state.has_scheduled() && !state.timer_sleeping {
