@@ -59,6 +59,29 @@ struct TokenInner {
 ///
 /// It converts into a [`HandlerError`](crate::HandlerError), so a handler can write
 /// `ctx.token().sleep(d)?`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskq::{CancelReason, Cancelled, HandlerError, Outcome, Pool, TaskType};
+///
+/// const NAP: TaskType<(), bool> = TaskType::new("nap");
+/// let pool = Pool::builder()
+///     .workers(1)
+///     .register(NAP, |ctx, _: &()| {
+///         // An hour, unless the task is cancelled first.
+///         Ok::<_, HandlerError>(ctx.sleep(Duration::from_secs(3600)) == Err(Cancelled))
+///     })
+///     .build()?;
+/// let handle = pool.submit(NAP.task(()))?;
+/// while handle.status() != taskq::TaskState::Running {
+///     std::thread::yield_now();
+/// }
+/// handle.cancel()?;
+/// assert_eq!(handle.wait(), Outcome::Cancelled(CancelReason::Requested));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the task was cancelled")]
 pub struct Cancelled;
