@@ -135,8 +135,9 @@ pub enum SubmitErrorKind {
         /// That task's type.
         existing_type: &'static str,
     },
-    /// The delay is too long: now + delay cannot be represented.
-    #[error("the delay is too long to add to the current time")]
+    /// The delay or run_at is too far away: now + delay cannot be represented, or the due time
+    /// is more than 584 years after the pool started (due times are kept in 64-bit nanoseconds).
+    #[error("the due time is too far in the future to represent")]
     TimeOverflow,
 }
 

@@ -148,12 +148,12 @@ impl Pool {
         };
         let now = self.shared.clock().now();
         let run_at = match task.start {
-            Start::Now => now,
-            Start::At(at) => at,
-            Start::After(delay) => match now.checked_add(delay) {
-                Some(at) => at,
-                None => return Err(SubmitError::new(SubmitErrorKind::TimeOverflow, task)),
-            },
+            Start::Now => Some(now),
+            Start::At(at) => Some(at),
+            Start::After(delay) => now.checked_add(delay),
+        };
+        let Some(run_at) = run_at.filter(|&at| at <= self.shared.latest_run_at()) else {
+            return Err(SubmitError::new(SubmitErrorKind::TimeOverflow, task));
         };
 
         // Allocated before taking the lock, to keep the critical section short.

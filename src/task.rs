@@ -202,8 +202,8 @@ impl<P, O> Task<P, O> {
     }
 
     /// Runs the task no earlier than `delay` after it is submitted (on the pool's clock).
-    /// Replaces an earlier [`run_at`](Task::run_at). A delay so long that the deadline cannot be
-    /// represented is refused at submit with
+    /// Replaces an earlier [`run_at`](Task::run_at). A delay so long that the due time cannot be
+    /// represented (more than 584 years after the pool started) is refused at submit with
     /// [`SubmitErrorKind::TimeOverflow`](crate::SubmitErrorKind::TimeOverflow).
     ///
     /// # Examples
@@ -219,7 +219,9 @@ impl<P, O> Task<P, O> {
     }
 
     /// Runs the task no earlier than `at` (an instant of the pool's clock). An instant in the past
-    /// means now. Replaces an earlier [`delay`](Task::delay).
+    /// means now. Replaces an earlier [`delay`](Task::delay). An instant more than 584 years
+    /// after the pool started is refused at submit with
+    /// [`SubmitErrorKind::TimeOverflow`](crate::SubmitErrorKind::TimeOverflow).
     ///
     /// # Examples
     ///

@@ -2,7 +2,7 @@
 
 mod support_a;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support_a::finish;
 use taskq::{
@@ -157,6 +157,32 @@ fn a_dependency_on_an_unknown_task_is_refused() {
     assert_eq!(err.into_task().into_payload(), 2);
     assert_eq!(pool.stats().totals.submitted, 1, "nothing was added");
     assert_eq!(finish(&known).succeeded(), Some(2));
+}
+
+#[test]
+fn a_due_time_too_far_to_represent_is_refused() {
+    // 600 years: an Instant can hold it, the delayed heap's 64-bit nanoseconds cannot.
+    let far = Duration::from_secs(600 * 365 * 24 * 3600);
+    let pool = pool();
+    let err = pool
+        .submit(NAME.task("delay".to_owned()).delay(far))
+        .unwrap_err();
+    assert_eq!(err.kind(), &SubmitErrorKind::TimeOverflow);
+    let at = Instant::now() + far;
+    let err = pool
+        .submit(NAME.task("run_at".to_owned()).run_at(at))
+        .unwrap_err();
+    assert_eq!(err.kind(), &SubmitErrorKind::TimeOverflow);
+    assert_eq!(err.into_task().into_payload(), "run_at");
+    // 500 years is fine.
+    let handle = pool
+        .submit(
+            NAME.task("later".to_owned())
+                .delay(Duration::from_secs(500 * 365 * 24 * 3600)),
+        )
+        .unwrap();
+    assert_eq!(pool.stats().scheduled, 1);
+    handle.cancel().unwrap();
 }
 
 #[test]

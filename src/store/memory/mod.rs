@@ -88,6 +88,7 @@ pub(crate) struct Shared {
     registry: Registry,
     clock: Clock,
     seed: Option<u64>,
+    latest_run_at: Instant,
 }
 
 impl Shared {
@@ -98,8 +99,12 @@ impl Shared {
         workers: usize,
         seed: Option<u64>,
     ) -> Self {
+        let epoch = clock.now();
+        // An Instant that far out always exists (Instants are at least 64-bit seconds).
+        let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
         Shared {
-            state: Mutex::new(State::new(retention, workers, clock.now())),
+            latest_run_at,
+            state: Mutex::new(State::new(retention, workers, epoch)),
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
@@ -110,6 +115,11 @@ impl Shared {
             clock,
             seed,
         }
+    }
+
+    /// The latest due time the delayed heap can represent (64-bit nanoseconds after the start).
+    pub(crate) fn latest_run_at(&self) -> Instant {
+        self.latest_run_at
     }
 
     pub(crate) fn clock(&self) -> &Clock {
