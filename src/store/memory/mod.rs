@@ -30,18 +30,19 @@
 //!    it sleeps, so a notification that finds its sleeper already awake loses nothing.
 //! 3. A new earliest due time wakes the timer (to shorten its sleep), or, with no timer, one
 //!    idle worker (to become it).
-//! 4. Closing the pool, stopping it, and the last outstanding task of a closed pool ending wake
-//!    everyone: workers re-check whether to exit, `shutdown` re-checks whether it is done.
+//! 4. Closing the pool, stopping it, and the end of a closed pool's drain (`State::drained`)
+//!    wake everyone: workers re-check whether to exit, `shutdown` re-checks whether it is done.
 //! 5. A manual clock's advance wakes the timer and `shutdown` (their deadlines are on that clock)
 //!    and, with no timer, one idle worker.
 //! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
 //!
-//! Before a worker goes to sleep untimed, it spins for a few microseconds outside the lock,
-//! watching `Shared::ready_epoch`, which every transition that makes a task ready bumps: a worker
-//! that keeps up with its producer then catches the next task without two context switches. A
-//! spinning worker is not counted as idle, and it re-checks the queue under the lock before it
-//! sleeps, so spinning never loses a wake-up; it happens once per idle period, so an idle pool
-//! still wakes no thread. Under loom there is no spinning (a model gains nothing from it).
+//! Before a worker goes to sleep untimed, it spins for a microsecond or two outside the lock (one
+//! worker at a time), watching `Shared::ready_epoch`, which every transition that makes a task
+//! ready bumps: a worker that keeps up with its producer then catches the next task without two
+//! context switches. A spinning worker is not counted as idle, and it re-checks the queue under
+//! the lock before it sleeps, so spinning never loses a wake-up; it happens once per idle period,
+//! so an idle pool still wakes no thread. Under loom there is no spinning: the models check the
+//! protocol without it, and a spin only adds one more look at the queue before the same sleep.
 //!
 //! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
