@@ -51,12 +51,17 @@ pub enum BuildError {
 #[error("submit refused: {kind}")]
 pub struct SubmitError<T> {
     kind: SubmitErrorKind,
-    task: T,
+    // Boxed, so that a `Result` carrying it stays small whatever the task's size (the box is
+    // only made when a submit is refused).
+    task: Box<T>,
 }
 
 impl<T> SubmitError<T> {
     pub(crate) fn new(kind: SubmitErrorKind, task: T) -> Self {
-        SubmitError { kind, task }
+        SubmitError {
+            kind,
+            task: Box::new(task),
+        }
     }
 
     /// Why the submit was refused.
@@ -90,7 +95,7 @@ impl<T> SubmitError<T> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn into_task(self) -> T {
-        self.task
+        *self.task
     }
 }
 

@@ -131,9 +131,6 @@ impl Pool {
     /// assert_eq!(too_late.kind(), &SubmitErrorKind::TimeOverflow);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    // The error hands the task back (as crossbeam's `SendError<T>` does), so it is as large as
-    // the task.
-    #[allow(clippy::result_large_err)]
     pub fn submit<P, O>(&self, task: Task<P, O>) -> Result<TaskHandle<O>, SubmitError<Task<P, O>>>
     where
         P: Send + 'static,

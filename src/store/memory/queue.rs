@@ -125,12 +125,12 @@ impl ReadyQueue {
     }
 }
 
-/// One delayed task, in 16 bytes: due `at` nanoseconds after the queue's epoch; equal due times
+/// One delayed task, in 16 bytes: due at stamp `at`; equal due times
 /// run in submission (id) order. A task has at most one live entry, so `(at, id)` is unique
 /// among live entries.
 #[derive(PartialEq, Eq)]
 struct DelayedEntry {
-    at: u64,
+    at: Stamp,
     id: TaskId,
 }
 
@@ -146,31 +146,43 @@ impl PartialOrd for DelayedEntry {
     }
 }
 
+/// The pool's start on its clock. The engine keeps its times as [`Stamp`]s, nanoseconds after
+/// it, in 8 bytes where an `Instant` takes 16. Submit refuses due times more than 584 years
+/// after it, so every time the engine keeps fits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Epoch(pub(crate) Instant);
+
+/// Nanoseconds after the pool's [`Epoch`].
+pub(crate) type Stamp = u64;
+
+impl Epoch {
+    /// `at` as a stamp: instants before the epoch become 0, and the stamp saturates (584 years).
+    pub(crate) fn stamp(self, at: Instant) -> Stamp {
+        u64::try_from(at.saturating_duration_since(self.0).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn instant(self, stamp: Stamp) -> Instant {
+        self.0 + Duration::from_nanos(stamp)
+    }
+}
+
 /// Scheduled tasks (delayed, or retrying after a backoff), earliest due first.
 pub(crate) struct DelayedQueue {
     // `BinaryHeap` is a max-heap: `Reverse` makes the earliest due time the top.
     heap: BinaryHeap<Reverse<DelayedEntry>>,
-    /// Due times are kept as nanoseconds after this instant (the pool's start): no due time
-    /// is earlier, since only future run_ats are queued.
-    epoch: Instant,
+    epoch: Epoch,
 }
 
 impl DelayedQueue {
-    pub(crate) fn new(epoch: Instant) -> Self {
+    pub(crate) fn new(epoch: Epoch) -> Self {
         DelayedQueue {
             heap: BinaryHeap::new(),
             epoch,
         }
     }
 
-    /// `at` as nanoseconds after the epoch, saturating (after 584 years).
-    fn nanos(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
-    }
-
     /// Adds an entry; returns whether it is now the earliest (a sleeping timer must re-check).
-    pub(crate) fn push(&mut self, at: Instant, id: TaskId) -> bool {
-        let at = self.nanos(at);
+    pub(crate) fn push(&mut self, at: Stamp, id: TaskId) -> bool {
         let earliest = self.heap.peek().is_none_or(|Reverse(top)| at < top.at);
         self.heap.push(Reverse(DelayedEntry { at, id }));
         earliest
@@ -180,7 +192,7 @@ impl DelayedQueue {
     pub(crate) fn earliest(&mut self, is_live: impl Fn(TaskId) -> bool) -> Option<Instant> {
         while let Some(Reverse(top)) = self.heap.peek() {
             if is_live(top.id) {
-                return Some(self.epoch + Duration::from_nanos(top.at));
+                return Some(self.epoch.instant(top.at));
             }
             self.heap.pop();
         }
@@ -193,7 +205,7 @@ impl DelayedQueue {
     /// Removes and returns the earliest entry if it is due at `now` (live or stale: the caller
     /// checks).
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<TaskId> {
-        let now = self.nanos(now);
+        let now = self.epoch.stamp(now);
         match self.heap.peek() {
             Some(Reverse(top)) if top.at <= now => self.heap.pop().map(|Reverse(e)| e.id),
             _ => None,
@@ -237,10 +249,12 @@ mod tests {
     #[test]
     fn delayed_is_earliest_first_and_fifo_on_ties() {
         let t0 = Instant::now();
-        let mut q = DelayedQueue::new(t0);
-        assert!(q.push(t0 + Duration::from_secs(2), TaskId(1)));
-        assert!(q.push(t0 + Duration::from_secs(1), TaskId(2)));
-        assert!(!q.push(t0 + Duration::from_secs(1), TaskId(3)));
+        let epoch = Epoch(t0);
+        let mut q = DelayedQueue::new(epoch);
+        let at = |secs| epoch.stamp(t0 + Duration::from_secs(secs));
+        assert!(q.push(at(2), TaskId(1)));
+        assert!(q.push(at(1), TaskId(2)));
+        assert!(!q.push(at(1), TaskId(3)));
         assert_eq!(q.earliest(|_| true), Some(t0 + Duration::from_secs(1)));
         assert_eq!(q.pop_due(t0), None);
         let due: Vec<_> = std::iter::from_fn(|| q.pop_due(t0 + Duration::from_secs(5))).collect();

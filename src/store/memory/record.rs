@@ -2,14 +2,14 @@
 //! out after the lock is released.
 
 use std::any::Any;
-use std::time::Instant;
 
-use crate::cancel::CancelToken;
+use super::queue::Stamp;
 use crate::handle::{Completion, Finished};
 use crate::sync::Arc;
 use crate::task::{CancelReason, Failure, TaskId, TaskState};
 
-/// A task's record. Kept small: what only some tasks need lives in [`Extra`].
+/// A task's record. Kept small (56 bytes): what only some tasks need lives in [`Extra`], and
+/// the cancellation tokens of running tasks in `State::tokens`.
 pub(crate) struct Record {
     pub(crate) state: TaskState,
     /// Index of the task type in the registry.
@@ -21,13 +21,11 @@ pub(crate) struct Record {
     pub(crate) pending_dependencies: u32,
     /// Blocked: the requested run_at. Scheduled: when it becomes due. Ready: since when it has
     /// been ready. Running: when it started. Terminal: when it finished.
-    pub(crate) since: Instant,
+    pub(crate) since: Stamp,
     /// `None` only while running (the worker holds it) or once dropped after the end.
     pub(crate) payload: Option<Box<dyn Any + Send>>,
     /// Shared with every handle to the task.
     pub(crate) completion: Arc<Completion>,
-    /// Set while running.
-    pub(crate) token: Option<CancelToken>,
     pub(crate) extra: Option<Box<Extra>>,
 }
 
@@ -100,5 +98,20 @@ impl Effects {
         }
         drop(self.drops_first);
         drop(self.drops_more);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queued task costs a hash-map slot of an id and a record: keep the record small.
+    #[test]
+    fn a_record_stays_small() {
+        assert!(
+            std::mem::size_of::<Record>() <= 56,
+            "{}",
+            std::mem::size_of::<Record>()
+        );
     }
 }

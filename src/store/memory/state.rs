@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
-use super::queue::{DelayedQueue, ReadyQueue};
+use super::queue::{DelayedQueue, Epoch, ReadyQueue};
 use super::record::{Effects, Extra, Record};
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
@@ -127,6 +127,9 @@ pub(crate) struct NewTask {
 /// Everything the pool's lock guards.
 pub(crate) struct State {
     records: IdMap<Record>,
+    /// The tokens of running tasks (invariant 4), out of the records to keep those small.
+    tokens: IdMap<CancelToken>,
+    epoch: Epoch,
     ready: ReadyQueue,
     delayed: DelayedQueue,
     keys: HashMap<Arc<str>, TaskId>,
@@ -163,8 +166,10 @@ impl State {
     pub(crate) fn new(retention: Retention, workers: usize, epoch: Instant) -> Self {
         State {
             records: IdMap::default(),
+            tokens: IdMap::default(),
+            epoch: Epoch(epoch),
             ready: ReadyQueue::new(),
-            delayed: DelayedQueue::new(epoch),
+            delayed: DelayedQueue::new(Epoch(epoch)),
             keys: HashMap::new(),
             finished: VecDeque::new(),
             dead: BTreeSet::new(),
@@ -276,10 +281,9 @@ impl State {
             priority: task.priority,
             attempts: 0,
             pending_dependencies: pending,
-            since: task.run_at,
+            since: self.epoch.stamp(task.run_at),
             payload: Some(task.payload),
             completion: Arc::clone(&completion),
-            token: None,
             extra: None,
         };
         if let Some(key) = task.key {
@@ -300,6 +304,7 @@ impl State {
 
     /// A task with no dependency left becomes scheduled (due later) or ready.
     fn make_runnable(&mut self, id: TaskId, now: Instant, effects: &mut Effects) {
+        let now = self.epoch.stamp(now);
         let record = self.records.get_mut(&id).expect("record exists");
         let run_at = record.since;
         self.counts.leave(record.state);
@@ -320,6 +325,7 @@ impl State {
 
     /// Moves every due scheduled task to the ready queue.
     pub(crate) fn promote_due(&mut self, now: Instant, effects: &mut Effects) {
+        let stamp = self.epoch.stamp(now);
         while let Some(id) = self.delayed.pop_due(now) {
             let Some(record) = self.records.get_mut(&id) else {
                 continue;
@@ -329,7 +335,7 @@ impl State {
             }
             self.counts.leave(TaskState::Scheduled);
             record.state = TaskState::Ready;
-            record.since = now;
+            record.since = stamp;
             self.ready.push(record.priority, id);
             self.counts.enter(TaskState::Ready);
             effects.newly_ready += 1;
@@ -368,12 +374,12 @@ impl State {
         self.counts.leave(TaskState::Ready);
         self.counts.enter(TaskState::Running);
         record.state = TaskState::Running;
-        record.since = now;
+        record.since = self.epoch.stamp(now);
         record.attempts += 1;
         let token = spare
             .take()
             .unwrap_or_else(|| CancelToken::new(clock.clone()));
-        record.token = Some(token.clone());
+        self.tokens.insert(id, token.clone());
         Some(Claim {
             id,
             type_index: record.type_index,
@@ -396,12 +402,12 @@ impl State {
         effects: &mut Effects,
     ) {
         let id = claim.id;
+        self.tokens.remove(&id);
         let record = self
             .records
             .get_mut(&id)
             .expect("a running task has a record");
         debug_assert_eq!(record.state, TaskState::Running);
-        record.token = None;
 
         // A cancel (or the shutdown deadline) that reached the running task wins over whatever
         // the handler returned.
@@ -423,7 +429,7 @@ impl State {
                 record.extra().last_error = Some(error);
                 self.totals.retried += 1;
                 // The retry cap was checked against overflow when the pool was built.
-                record.since = now.checked_add(delay).unwrap_or(now);
+                record.since = self.epoch.stamp(now.checked_add(delay).unwrap_or(now));
                 self.make_runnable(id, now, effects);
             }
             RunOutcome::Failed { reason, error } => {
@@ -454,8 +460,7 @@ impl State {
                 self.ready.forget(record.priority);
             }
             self.counts.leave(record.state);
-            record.since = now;
-            record.token = None;
+            record.since = self.epoch.stamp(now);
             let finished = match end {
                 End::Succeeded(output) => {
                     record.state = TaskState::Succeeded;
@@ -535,7 +540,7 @@ impl State {
                 if extra.cancel_requested.is_none() {
                     extra.cancel_requested = Some(reason);
                 }
-                if let Some(token) = &record.token {
+                if let Some(token) = self.tokens.get(&id) {
                     token.cancel();
                 }
                 Ok(CancelOutcome::Signalled)
@@ -558,13 +563,13 @@ impl State {
                 TaskState::Running => {
                     let extra = record.extra();
                     extra.cancel_requested.get_or_insert(CancelReason::Shutdown);
-                    if let Some(token) = &record.token {
-                        token.cancel();
-                    }
                 }
                 state if !state.is_terminal() => waiting.push(*id),
                 _ => {}
             }
+        }
+        for token in self.tokens.values() {
+            token.cancel();
         }
         // Dependents have larger ids than their dependencies: cancelling from the largest id down
         // gives every task the reason `Shutdown` rather than a cascaded one.
@@ -633,7 +638,7 @@ impl State {
                     task_type: registry.entry(record.type_index).name,
                     priority: record.priority,
                     failure,
-                    failed_at: record.since,
+                    failed_at: self.epoch.instant(record.since),
                 }
             })
             .collect()
@@ -689,7 +694,7 @@ impl State {
             priority: record.priority,
             attempts: record.attempts,
             run_at: matches!(record.state, TaskState::Scheduled | TaskState::Blocked)
-                .then_some(record.since),
+                .then_some(self.epoch.instant(record.since)),
             last_error: extra.and_then(|e| {
                 e.failure
                     .as_ref()
@@ -709,7 +714,9 @@ impl State {
         });
         let oldest_ready = fronts
             .iter()
-            .map(|&(_, _, id)| now.saturating_duration_since(records[&id].since))
+            .map(|&(_, _, id)| {
+                now.saturating_duration_since(self.epoch.instant(records[&id].since))
+            })
             .max();
         Stats {
             workers: self.live_workers,
