@@ -113,13 +113,13 @@ impl<T> fmt::Debug for SubmitError<T> {
 ///
 /// ```
 /// use taskq::SubmitErrorKind;
-/// assert_eq!(SubmitErrorKind::ShutDown.to_string(), "the pool is shutting down");
+/// assert_eq!(SubmitErrorKind::ShutDown.to_string(), "the pool is shut down (or shutting down)");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SubmitErrorKind {
     /// Shutdown has begun (or the pool was dropped): no new tasks are accepted.
-    #[error("the pool is shutting down")]
+    #[error("the pool is shut down (or shutting down)")]
     ShutDown,
     /// No handler is registered for this task type name.
     #[error("no handler is registered for task type `{0}`")]
@@ -197,6 +197,6 @@ pub enum ResubmitError {
     #[error("{0} was already resubmitted as {1}")]
     AlreadyResubmitted(TaskId, TaskId),
     /// Shutdown has begun.
-    #[error("the pool is shutting down")]
+    #[error("the pool is shut down (or shutting down)")]
     ShutDown,
 }

@@ -13,6 +13,9 @@ use crate::task::{CancelReason, Failure, TaskId, TaskState};
 
 /// How a task ended.
 ///
+/// It displays as `succeeded: <output>`, `failed: <failure>` or `cancelled: <reason>` when the
+/// output displays.
+///
 /// # Examples
 ///
 /// ```
@@ -20,11 +23,13 @@ use crate::task::{CancelReason, Failure, TaskId, TaskState};
 ///
 /// const ADD: TaskType<(u32, u32), u32> = TaskType::new("add");
 /// let pool = Pool::builder().workers(1).register(ADD, |_, (a, b): &(u32, u32)| Ok::<_, HandlerError>(a + b)).build()?;
-/// match pool.submit(ADD.task((2, 3)))?.wait() {
-///     Outcome::Succeeded(sum) => assert_eq!(sum, 5),
+/// let outcome = pool.submit(ADD.task((2, 3)))?.wait();
+/// match &outcome {
+///     Outcome::Succeeded(sum) => assert_eq!(*sum, 5),
 ///     Outcome::Failed(failure) => panic!("failed: {failure}"),
 ///     Outcome::Cancelled(reason) => panic!("cancelled: {reason}"),
 /// }
+/// assert_eq!(outcome.to_string(), "succeeded: 5");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +109,16 @@ impl<O> Outcome<O> {
     }
 }
 
+impl<O: fmt::Display> fmt::Display for Outcome<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Succeeded(output) => write!(f, "succeeded: {output}"),
+            Outcome::Failed(failure) => write!(f, "failed: {failure}"),
+            Outcome::Cancelled(reason) => write!(f, "cancelled: {reason}"),
+        }
+    }
+}
+
 /// A task's outcome as the engine stores it: the output is type-erased until a handle reads it.
 pub(crate) enum Finished {
     Succeeded(Box<dyn Any + Send + Sync>),
@@ -125,7 +140,7 @@ impl Finished {
 /// Where a task's outcome is published, once, for every handle to read.
 ///
 /// It has its own lock, so waiters never touch the pool's lock while they wait or clone an output,
-/// and a slow waiter never holds up a worker. It outlives the task's record (retention may drop
+/// and a slow waiter never holds up a worker (it holds this lock only to clone the output). It outlives the task's record (retention may drop
 /// the record while handles remain).
 pub(crate) struct Completion {
     outcome: Mutex<Option<Finished>>,
@@ -140,7 +155,9 @@ impl Completion {
         })
     }
 
-    /// Publishes the outcome and wakes every waiter. Called once per task, without the pool lock.
+    /// Publishes the outcome and wakes every waiter. Called once per task, under the pool lock, in
+    /// the step that makes the task terminal: it runs no user code (the output is moved in), and
+    /// waiters wake on this completion's own lock, not the pool's.
     pub(crate) fn publish(&self, finished: Finished) {
         let mut outcome = self.outcome.lock();
         debug_assert!(outcome.is_none(), "a task reached two terminal states");
@@ -250,7 +267,7 @@ impl<O> TaskHandle<O> {
         match self.pool.upgrade().and_then(|pool| pool.status(self.id)) {
             Some(state) => state,
             // The pool forgot the task between the two reads: a record is dropped only once it is
-            // terminal, and its outcome is published right after, so this wait is short.
+            // terminal, and its outcome was published in that same step.
             None => self.completion.wait_state(),
         }
     }

@@ -239,6 +239,10 @@ impl<P, O> Task<P, O> {
     /// Runs the task only after every task in `dependencies` has succeeded. If one fails or is
     /// cancelled, this task ends cancelled. Adds to earlier calls.
     ///
+    /// A task's outcome is published before its dependents can start, so a dependent's handler
+    /// can read a dependency's output from its handle (passed in the payload) with
+    /// [`TaskHandle::try_wait`](crate::TaskHandle::try_wait), without waiting.
+    ///
     /// # Examples
     ///
     /// ```

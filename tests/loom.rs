@@ -309,3 +309,33 @@ fn shutdown_deadline_while_a_handler_runs() {
         assert_eq!(report.cancelled, 1);
     });
 }
+
+/// 10. A dependency's outcome is published before its dependent can start: the dependent's
+/// handler reads it from the dependency's handle without waiting.
+#[test]
+fn a_dependent_sees_its_dependency_s_outcome() {
+    model(|| {
+        const PRODUCE: TaskType<u32, u32> = TaskType::new("produce");
+        const CONSUME: TaskType<taskq::TaskHandle<u32>, bool> = TaskType::new("consume");
+        let pool = Pool::builder()
+            .workers(2)
+            .seed(1)
+            .manual_clock(ManualClock::new())
+            .register(PRODUCE, |_, n: &u32| Ok::<_, HandlerError>(*n))
+            .register(CONSUME, |_, parent: &taskq::TaskHandle<u32>| {
+                Ok::<_, HandlerError>(parent.try_wait() == Some(Outcome::Succeeded(3)))
+            })
+            .build()
+            .unwrap();
+        let parent = pool.submit(PRODUCE.task(3)).unwrap();
+        let child = pool
+            .submit(CONSUME.task(parent.clone()).after([parent.id()]))
+            .unwrap();
+        assert_eq!(
+            child.wait(),
+            Outcome::Succeeded(true),
+            "the dependent ran before the outcome was published"
+        );
+        pool.shutdown(Duration::from_secs(1));
+    });
+}

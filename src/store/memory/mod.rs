@@ -204,8 +204,8 @@ impl Shared {
         self.done_cv.notify_all();
     }
 
-    /// Runs a transition under the lock, applies the wake-up rules, then carries out its effects
-    /// (publishing outcomes, dropping user values) after the lock is released.
+    /// Runs a transition under the lock, applies the wake-up rules, then drops the user values it
+    /// set aside once the lock is released.
     pub(crate) fn transition<R>(
         &self,
         f: impl FnOnce(&mut State, Instant, &mut Effects) -> R,
@@ -405,7 +405,7 @@ impl Store for Shared {
             next
         };
         effects.apply();
-        // Nothing to take at once: publish the outcome first (above), then wait for work.
+        // Nothing to take at once: drop the user values first (above), then wait for work.
         next.or_else(|| self.claim(None))
     }
 }

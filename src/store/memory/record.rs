@@ -4,7 +4,7 @@
 use std::any::Any;
 
 use super::queue::Stamp;
-use crate::handle::{Completion, Finished};
+use crate::handle::Completion;
 use crate::sync::Arc;
 use crate::task::{CancelReason, Failure, TaskId, TaskState};
 
@@ -59,14 +59,12 @@ impl Record {
     }
 }
 
-/// What a transition leaves to do once the lock is released: publish outcomes (waking waiters)
-/// and drop user values (a payload's or output's `Drop` is user code, never run under the lock).
+/// What a transition leaves to do once the lock is released: drop user values (a payload's or
+/// output's `Drop` is user code, never run under the lock), and wake workers.
 ///
-/// Most transitions publish one outcome and drop one or two values: those need no allocation.
+/// Most transitions drop one or two values: those need no allocation.
 #[derive(Default)]
 pub(crate) struct Effects {
-    publish_first: Option<(Arc<Completion>, Finished)>,
-    publish_more: Vec<(Arc<Completion>, Finished)>,
     drops_first: [Option<Box<dyn Any + Send>>; 2],
     drops_more: Vec<Box<dyn Any + Send>>,
     /// Tasks that became ready: wake that many idle workers.
@@ -76,14 +74,6 @@ pub(crate) struct Effects {
 }
 
 impl Effects {
-    pub(crate) fn publish(&mut self, completion: Arc<Completion>, finished: Finished) {
-        if self.publish_first.is_none() {
-            self.publish_first = Some((completion, finished));
-        } else {
-            self.publish_more.push((completion, finished));
-        }
-    }
-
     pub(crate) fn drop_later(&mut self, value: Box<dyn Any + Send>) {
         match self.drops_first.iter_mut().find(|slot| slot.is_none()) {
             Some(slot) => *slot = Some(value),
@@ -91,11 +81,8 @@ impl Effects {
         }
     }
 
-    /// Publishes the outcomes and drops the values. Call without holding the pool lock.
+    /// Drops the values. Call without holding the pool lock.
     pub(crate) fn apply(self) {
-        for (completion, finished) in self.publish_first.into_iter().chain(self.publish_more) {
-            completion.publish(finished);
-        }
         drop(self.drops_first);
         drop(self.drops_more);
     }

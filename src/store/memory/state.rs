@@ -12,9 +12,9 @@
 //! 4. A `Running` task's payload is held by exactly one worker's [`Claim`]; every other
 //!    non-terminal record holds its payload.
 //! 5. `counts` equals the number of records in each non-terminal state.
-//! 6. A record reaches a terminal state at most once; at that moment its outcome is queued in the
-//!    [`Effects`] to be published exactly once, its dependents are released or cancelled, and its
-//!    id is appended to `finished` (retention order).
+//! 6. A record reaches a terminal state at most once; in that same step its outcome is published
+//!    to its completion (exactly once), its dependents are released or cancelled, and its id is
+//!    appended to `finished` (retention order).
 //! 7. `closed` ⇒ no task is accepted. `stopping` ⇒ `closed`, and no task is blocked, scheduled or
 //!    ready: workers exit as soon as they come back for work.
 
@@ -489,7 +489,9 @@ impl State {
                 .extra
                 .as_mut()
                 .map(|e| std::mem::take(&mut e.dependents));
-            effects.publish(Arc::clone(&record.completion), finished);
+            // Published under the lock, in the same step as the state change: whoever sees the
+            // task terminal (its dependents' handlers, `status`, `wait_idle`) finds its outcome.
+            record.completion.publish(finished);
             self.finished.push_back((id, now));
 
             for dependent in dependents.into_iter().flatten() {
