@@ -24,7 +24,9 @@
 //! The rules that keep every ready task served (each checked under the lock):
 //!
 //! 1. When tasks become ready, sleepers are woken until there are as many searchers as ready
-//!    tasks (or nobody is left to wake).
+//!    tasks, but no more than there are CPUs (`Shared::max_searchers`): more threads woken at once
+//!    than can run only contend for the lock. Each searcher that takes a task applies this rule
+//!    again (rule 2), so a deep queue still wakes every worker, in a few parallel chains.
 //! 2. A worker that takes a task applies rule 1 to the tasks still ready, and wakes a sleeper if
 //!    delayed tasks have no timer. Every worker, woken or done with a task, looks for work before
 //!    it sleeps, so a notification that finds its sleeper already awake loses nothing.
@@ -86,6 +88,8 @@ pub(crate) struct Shared {
     ready_epoch: AtomicU64,
     /// Workers spinning now.
     spinners: AtomicUsize,
+    /// The most searchers rule 1 wakes at once: the number of CPUs, at least 2.
+    max_searchers: usize,
     registry: Registry,
     clock: Clock,
     seed: Option<u64>,
@@ -112,6 +116,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             ready_epoch: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
+            max_searchers: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             registry,
             clock,
             seed,
@@ -166,7 +171,8 @@ impl Shared {
             let searchers = state.notified
                 + usize::from(state.timer_notified)
                 + self.spinners.load(Ordering::Acquire);
-            if state.ready_len() <= searchers || !self.wake_one(state) {
+            let wanted = state.ready_len().min(self.max_searchers);
+            if searchers >= wanted || !self.wake_one(state) {
                 return;
             }
         }
