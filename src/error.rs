@@ -196,6 +196,10 @@ pub enum ResubmitError {
     /// The dead letter was already resubmitted, as the second task.
     #[error("{0} was already resubmitted as {1}")]
     AlreadyResubmitted(TaskId, TaskId),
+    /// The dead letter's payload was taken with
+    /// [`Pool::take_dead_letter`](crate::Pool::take_dead_letter).
+    #[error("the payload of dead letter {0} was taken")]
+    Taken(TaskId),
     /// Shutdown has begun.
     #[error("the pool is shut down (or shutting down)")]
     ShutDown,

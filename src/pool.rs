@@ -417,6 +417,40 @@ impl Pool {
         self.shared.resubmit(id)
     }
 
+    /// Takes a dead letter's payload out of the pool, to inspect it, store it elsewhere or
+    /// drop it: the task stays [`Failed`](TaskState::Failed) but leaves the dead letters, and can
+    /// no longer be resubmitted. `None` if `id` is not a dead letter of type `ty` (unknown,
+    /// not failed, already resubmitted or taken, or of another type).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskq::{HandlerError, Pool, TaskType};
+    ///
+    /// const IMPORT: TaskType<String, ()> = TaskType::new("import");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(IMPORT, |_, row: &String| Err::<(), _>(HandlerError::permanent(format!("bad row {row}"))))
+    ///     .build()?;
+    /// let handle = pool.submit(IMPORT.task("a;b;;".to_owned()))?;
+    /// handle.wait();
+    /// assert_eq!(pool.take_dead_letter(IMPORT, handle.id()).as_deref(), Some("a;b;;"));
+    /// assert!(pool.dead_letters().is_empty());
+    /// assert_eq!(pool.take_dead_letter(IMPORT, handle.id()), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn take_dead_letter<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+        id: TaskId,
+    ) -> Option<P> {
+        let type_index = self.type_index(ty).ok()?;
+        // Moved out under the lock; downcast (and, on a mismatch that cannot happen, dropped)
+        // outside it.
+        let payload = self.shared.lock().take_dead_letter(id, type_index)?;
+        payload.downcast::<P>().ok().map(|payload| *payload)
+    }
+
     /// Shuts the pool down gracefully and waits for its threads.
     ///
     /// At once, submits start failing with [`SubmitErrorKind::ShutDown`]. The workers then drain

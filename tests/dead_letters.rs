@@ -247,3 +247,39 @@ fn a_thousand_panics_leave_every_worker_alive() {
     }
     assert_eq!(pool.stats().workers, WORKERS);
 }
+
+#[test]
+fn a_dead_letter_s_payload_can_be_taken_once() {
+    const ROW: TaskType<String, ()> = TaskType::new("row");
+    const OTHER: TaskType<String, ()> = TaskType::new("other");
+    let pool = Pool::builder()
+        .workers(1)
+        .register(ROW, |_, row: &String| {
+            if row.is_empty() {
+                Ok(())
+            } else {
+                Err(HandlerError::permanent("bad row"))
+            }
+        })
+        .register(OTHER, |_, _: &String| Ok::<_, HandlerError>(()))
+        .build()
+        .unwrap();
+    let bad = pool.submit(ROW.task("x;y".to_owned())).unwrap();
+    let good = pool.submit(ROW.task(String::new())).unwrap();
+    assert!(finish(&bad).is_failed());
+    assert!(finish(&good).is_succeeded());
+
+    // Only a dead letter, and only with its own type.
+    assert_eq!(pool.take_dead_letter(ROW, good.id()), None);
+    assert_eq!(pool.take_dead_letter(OTHER, bad.id()), None);
+    assert_eq!(pool.dead_letters().len(), 1);
+
+    assert_eq!(pool.take_dead_letter(ROW, bad.id()).as_deref(), Some("x;y"));
+    assert!(pool.dead_letters().is_empty());
+    assert_eq!(pool.status(bad.id()), Some(taskq::TaskState::Failed));
+    assert_eq!(pool.take_dead_letter(ROW, bad.id()), None);
+    assert_eq!(
+        pool.resubmit(bad.id()),
+        Err(taskq::ResubmitError::Taken(bad.id()))
+    );
+}

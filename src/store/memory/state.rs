@@ -603,10 +603,9 @@ impl State {
         if let Some(new) = record.extra.as_ref().and_then(|e| e.resubmitted_as) {
             return Err(ResubmitError::AlreadyResubmitted(id, new));
         }
-        let payload = record
-            .payload
-            .take()
-            .expect("a dead letter keeps its payload");
+        let Some(payload) = record.payload.take() else {
+            return Err(ResubmitError::Taken(id));
+        };
         let new_id = TaskId(self.next_id);
         record.extra().resubmitted_as = Some(new_id);
         let key = record.key().map(|k| k.to_string());
@@ -623,6 +622,24 @@ impl State {
         let (inserted, _) = self.insert(task, Completion::new(), now, effects);
         debug_assert_eq!(inserted, new_id);
         Ok(new_id)
+    }
+
+    /// Takes a dead letter's payload out, if it is of type `type_index`: the task stays failed
+    /// but is no longer a dead letter.
+    pub(crate) fn take_dead_letter(
+        &mut self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Option<Box<dyn Any + Send>> {
+        if !self.dead.contains(&id) {
+            return None;
+        }
+        let record = self.records.get_mut(&id)?;
+        if record.type_index != type_index {
+            return None;
+        }
+        self.dead.remove(&id);
+        record.payload.take()
     }
 
     pub(crate) fn dead_letters(&self, registry: &Registry) -> Vec<DeadLetter> {
