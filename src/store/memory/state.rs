@@ -9,8 +9,8 @@
 //!    `delayed`. Entries of tasks in any other state are stale and skipped when found.
 //! 3. A `Blocked` task's `pending_dependencies` counts its dependencies that have not succeeded
 //!    yet, is non-zero, and the task is listed in each such dependency's `dependents`.
-//! 4. A `Running` task's payload is held by exactly one worker's [`Claim`]; every other
-//!    non-terminal record holds its payload.
+//! 4. A `Running` task's payload is held by exactly one worker's [`Claim`], and its token is in
+//!    `tokens` (no other task's is); every other non-terminal record holds its payload.
 //! 5. `counts` equals the number of records in each non-terminal state.
 //! 6. A record reaches a terminal state at most once; in that same step its outcome is published
 //!    to its completion (exactly once), its dependents are released or cancelled, and its id is
