@@ -152,17 +152,28 @@ impl Shared {
 
     /// Wakes a sleeper (see the module docs); returns whether one was notified.
     fn wake_one(&self, state: &mut State) -> bool {
-        if state.idle > state.notified {
-            state.notified += 1;
-            self.work_cv.notify_one();
-            true
-        } else if state.timer_sleeping && !state.timer_notified {
-            state.timer_notified = true;
-            self.timer_cv.notify_one();
-            true
-        } else {
-            false
+        self.wake_idle(state) || self.wake_timer(state)
+    }
+
+    /// Wakes an idle worker not yet notified, if there is one.
+    fn wake_idle(&self, state: &mut State) -> bool {
+        if state.idle <= state.notified {
+            return false;
         }
+        state.notified += 1;
+        self.work_cv.notify_one();
+        true
+    }
+
+    /// Wakes the timer, if it sleeps and was not notified yet (a notified timer re-reads the
+    /// earliest due time anyway).
+    fn wake_timer(&self, state: &mut State) -> bool {
+        if !state.timer_sleeping || state.timer_notified {
+            return false;
+        }
+        state.timer_notified = true;
+        self.timer_cv.notify_one();
+        true
     }
 
     /// Rule 1: as many searchers as ready tasks.
@@ -187,11 +198,9 @@ impl Shared {
         if effects.new_earliest {
             // Rule 3.
             if state.timer_sleeping {
-                state.timer_notified = true;
-                self.timer_cv.notify_one();
-            } else if state.idle > state.notified {
-                state.notified += 1;
-                self.work_cv.notify_one();
+                self.wake_timer(state);
+            } else {
+                self.wake_idle(state);
             }
         }
         if state.closed && state.drained() {
@@ -287,22 +296,21 @@ impl Shared {
             }
             self.clock.wait_until(&self.done_cv, &mut state, deadline);
         }
-        let mut effects = Effects::default();
-        let now = self.clock.now();
-        state.stop(now, &mut effects);
-        self.wake_all();
-        drop(state);
-        effects.apply();
+        self.stop(state);
         deadline_reached
     }
 
     /// Stops the pool at once (used when it is dropped): cancels every task that has not started
     /// and fires the tokens of running ones; does not wait.
     pub(crate) fn stop_now(&self) {
-        let mut state = self.close();
+        self.stop(self.close());
+    }
+
+    /// Stops the pool (`State::stop`), wakes everyone, and drops what it cancelled once the lock
+    /// is released.
+    fn stop(&self, mut state: MutexGuard<'_, State>) {
         let mut effects = Effects::default();
-        let now = self.clock.now();
-        state.stop(now, &mut effects);
+        state.stop(self.clock.now(), &mut effects);
         self.wake_all();
         drop(state);
         effects.apply();
@@ -451,9 +459,7 @@ impl Shared {
         now: Instant,
         spare: &mut Option<CancelToken>,
     ) -> Option<Claim> {
-        let mut promoted = Effects::default();
-        state.promote_due(now, &mut promoted);
-        if promoted.newly_ready > 0 {
+        if state.promote_due(now) > 0 {
             self.ready_epoch.fetch_add(1, Ordering::Release);
         }
         let claim = state.claim_next(now, &self.clock, spare)?;

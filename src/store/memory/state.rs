@@ -323,9 +323,10 @@ impl State {
 
     // ===== claim and complete =====
 
-    /// Moves every due scheduled task to the ready queue.
-    pub(crate) fn promote_due(&mut self, now: Instant, effects: &mut Effects) {
+    /// Moves every due scheduled task to the ready queue; returns how many.
+    pub(crate) fn promote_due(&mut self, now: Instant) -> usize {
         let stamp = self.epoch.stamp(now);
+        let mut promoted = 0;
         while let Some(id) = self.delayed.pop_due(now) {
             let Some(record) = self.records.get_mut(&id) else {
                 continue;
@@ -338,8 +339,9 @@ impl State {
             record.since = stamp;
             self.ready.push(record.priority, id);
             self.counts.enter(TaskState::Ready);
-            effects.newly_ready += 1;
+            promoted += 1;
         }
+        promoted
     }
 
     /// The earliest due time of a scheduled task.
