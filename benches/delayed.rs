@@ -1,5 +1,5 @@
 //! Delayed tasks: lateness from the due time to the start, for 20,000 tasks due over 0–500 ms,
-//! taskq against scheduled-thread-pool (`execute_after`). A task must never start early.
+//! tasq against scheduled-thread-pool (`execute_after`). A task must never start early.
 //!
 //! One criterion iteration is one batch of 20,000 tasks, and its figure is the batch's p99
 //! lateness. The early starts and the percentiles over every task criterion ran are printed after
@@ -25,7 +25,7 @@ fn delayed(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_secs(5));
     let mut summary = Vec::new();
-    for kind in [Kind::Taskq, Kind::Scheduled] {
+    for kind in [Kind::Tasq, Kind::Scheduled] {
         let pool = Pool::new(kind, 4, "delay");
         let mut all: Vec<i64> = Vec::new();
         group.bench_with_input(

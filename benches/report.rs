@@ -1,10 +1,10 @@
-//! `cargo bench --bench report`: runs every workload once against taskq and its peers, in one
+//! `cargo bench --bench report`: runs every workload once against tasq and its peers, in one
 //! process (memory in fresh child processes), and prints one markdown table of the figures with
-//! taskq's ratio to each peer, then the targets met or missed.
+//! tasq's ratio to each peer, then the targets met or missed.
 //!
-//! Progress goes to stderr, the tables to stdout. `TASKQ_REPORT_ONLY=latency,burst` runs only
+//! Progress goes to stderr, the tables to stdout. `TASQ_REPORT_ONLY=latency,burst` runs only
 //! the workloads named (throughput, latency, delayed, memory, deep_queue, burst, idle).
-//! `TASKQ_REPORT_PROFILE=2` runs only taskq's throughput, with that many workers, on 200,000
+//! `TASQ_REPORT_PROFILE=2` runs only tasq's throughput, with that many workers, on 200,000
 //! tasks: for `valgrind --tool=callgrind` or `perf`.
 
 mod common;
@@ -25,7 +25,7 @@ const BURST_TASKS: usize = 200;
 const BURST_WORKERS: usize = 100;
 const BURST_REPS: usize = 30;
 /// The child-process switch of the memory workload.
-const CHILD: &str = "TASKQ_REPORT_MEMORY";
+const CHILD: &str = "TASQ_REPORT_MEMORY";
 
 /// How a figure reads.
 #[derive(Clone, Copy)]
@@ -103,7 +103,7 @@ impl Report {
 
     fn print(&self) {
         println!(
-            "| workload | better | taskq | {} |",
+            "| workload | better | tasq | {} |",
             Kind::ALL[1..]
                 .iter()
                 .map(|k| k.name())
@@ -159,17 +159,17 @@ fn main() {
         memory_child(&mode);
         return;
     }
-    if let Ok(workers) = env::var("TASKQ_REPORT_PROFILE") {
-        let workers = workers.parse().expect("TASKQ_REPORT_PROFILE=<workers>");
-        let pool = Pool::new(Kind::Taskq, workers, "prof");
+    if let Ok(workers) = env::var("TASQ_REPORT_PROFILE") {
+        let workers = workers.parse().expect("TASQ_REPORT_PROFILE=<workers>");
+        let pool = Pool::new(Kind::Tasq, workers, "prof");
         let elapsed = common::throughput(&pool, 200_000);
-        eprintln!("taskq, {workers} workers, 200,000 tasks: {elapsed:?}");
+        eprintln!("tasq, {workers} workers, 200,000 tasks: {elapsed:?}");
         pool.close();
         return;
     }
 
-    // `TASKQ_REPORT_ONLY=delayed,burst` runs only those workloads (and prints no targets).
-    let only = env::var("TASKQ_REPORT_ONLY").ok();
+    // `TASQ_REPORT_ONLY=delayed,burst` runs only those workloads (and prints no targets).
+    let only = env::var("TASQ_REPORT_ONLY").ok();
     let started = Instant::now();
     let mut report = Report::default();
     let workloads: [(&str, Workload); 7] = [
@@ -193,7 +193,7 @@ fn main() {
 
     println!();
     println!(
-        "Each peer cell: the peer's figure (×taskq ÷ peer). `better` says which way a figure is good."
+        "Each peer cell: the peer's figure (×tasq ÷ peer). `better` says which way a figure is good."
     );
     println!();
     report.print();
@@ -266,7 +266,7 @@ fn delayed(report: &mut Report) {
     eprintln!(
         "delayed: {DELAYED_TASKS} tasks due over 0–{DELAYED_SPREAD:?}, 4 workers, {DELAYED_REPS} runs pooled"
     );
-    let kinds = [Kind::Taskq, Kind::Scheduled];
+    let kinds = [Kind::Tasq, Kind::Scheduled];
     let mut runs = Vec::new();
     for kind in kinds {
         let pool = Pool::new(kind, 4, "delay");
@@ -319,7 +319,7 @@ fn delayed(report: &mut Report) {
 
 fn memory(report: &mut Report) {
     eprintln!("memory: {MEMORY_TASKS} queued tasks, RSS delta in a fresh process each");
-    let delayed = each(&[Kind::Taskq, Kind::Scheduled], |kind| {
+    let delayed = each(&[Kind::Tasq, Kind::Scheduled], |kind| {
         memory_of(&format!("delayed:{}", kind.name()))
     });
     report.add(
@@ -474,7 +474,7 @@ fn idle(report: &mut Report) {
         after.saturating_sub(before) as f64
     };
     let plain = each(&Kind::ALL, |kind| measure(kind, false));
-    let delayed = each(&[Kind::Taskq, Kind::Scheduled], |kind| measure(kind, true));
+    let delayed = each(&[Kind::Tasq, Kind::Scheduled], |kind| measure(kind, true));
     report.add(
         "idle, 8 workers: thread wake-ups in 1 s",
         Unit::Count,
@@ -490,7 +490,7 @@ fn idle(report: &mut Report) {
 // ===== targets =====
 
 fn targets(report: &Report) {
-    let tq = |w: &str| report.get(w, Kind::Taskq);
+    let tq = |w: &str| report.get(w, Kind::Tasq);
     let peer = |w: &str, k: Kind| report.get(w, k);
     let tp2 = "throughput, 2 workers (tasks/s)";
     let tp64 = "throughput, 64 workers (tasks/s)";
@@ -572,7 +572,7 @@ fn targets(report: &Report) {
         format!("{wakes:.0} wake-ups"),
         wakes == 0.0,
     ));
-    println!("| target | taskq | met |");
+    println!("| target | tasq | met |");
     println!("|---|---|---|");
     for (target, figure, met) in lines {
         println!(

@@ -1,4 +1,4 @@
-//! Throughput: 1,000,000 empty tasks from one producer, 1, 2, 8 and 64 workers, taskq against its
+//! Throughput: 1,000,000 empty tasks from one producer, 1, 2, 8 and 64 workers, tasq against its
 //! peers; the time from the first submit until every task has run.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The burst taskq is built for: about 20,000 tasks from four producers, then a graceful shutdown.
+//! The burst tasq is built for: about 20,000 tasks from four producers, then a graceful shutdown.
 //!
 //! Run it with `cargo run --release --example demo`. It mixes priorities, delays, a flaky handler
 //! that succeeds after retries, permanent failures, panics, dependency chains (some of whose heads
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use taskq::{
+use tasq::{
     CancelOutcome, CancelReason, Context, FailureReason, HandlerError, Outcome, Pool, RetryPolicy,
     TaskHandle, TaskType, TypeOptions,
 };
@@ -347,7 +347,7 @@ fn submit_one(pool: &Pool, n: u64, out: &mut Vec<Planned>) {
     }
 }
 
-fn submit<P: Send + 'static>(pool: &Pool, task: taskq::Task<P, u64>) -> TaskHandle<u64> {
+fn submit<P: Send + 'static>(pool: &Pool, task: tasq::Task<P, u64>) -> TaskHandle<u64> {
     pool.submit(task)
         .unwrap_or_else(|error| fail(&format!("submit refused: {error}")))
 }
@@ -387,7 +387,7 @@ fn main() {
     let pool = build_pool(&latencies);
     let workers = pool.stats().workers;
     println!(
-        "taskq demo: {} producers × {} tasks in {} bursts, {} workers, shutdown deadline {:?}",
+        "tasq demo: {} producers × {} tasks in {} bursts, {} workers, shutdown deadline {:?}",
         PRODUCERS,
         group(TASKS_PER_PRODUCER),
         BURSTS,

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::error::Error;
 use std::sync::{Arc, Mutex};
 
-use taskq::{CancelReason, HandlerError, Outcome, Pool, TaskHandle, TaskType};
+use tasq::{CancelReason, HandlerError, Outcome, Pool, TaskHandle, TaskType};
 
 const DOWNLOAD: TaskType<&'static str, usize> = TaskType::new("download"); // -> bytes
 const PARSE: TaskType<&'static str, usize> = TaskType::new("parse"); // -> words

@@ -8,7 +8,7 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use taskq::{HandlerError, ManualClock, Pool, RetryPolicy, TaskState, TaskType, TypeOptions};
+use tasq::{HandlerError, ManualClock, Pool, RetryPolicy, TaskState, TaskType, TypeOptions};
 
 /// Fails with a retryable error until attempt `FIRST_SUCCESS`, then returns the attempt number.
 const SYNC: TaskType<(), u32> = TaskType::new("sync");

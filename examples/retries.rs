@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use taskq::{FailureReason, HandlerError, Outcome, Pool, RetryPolicy, TaskType, TypeOptions};
+use tasq::{FailureReason, HandlerError, Outcome, Pool, RetryPolicy, TaskType, TypeOptions};
 
 /// Fetches a page from a (simulated) server and returns its body.
 const FETCH: TaskType<&'static str, String> = TaskType::new("fetch");
@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     // Handler panics still go through the panic hook: keep them short, without a backtrace.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| match std::thread::current().name() {
-        Some(name) if name.starts_with("taskq-worker") => eprintln!("{name} {info}"),
+        Some(name) if name.starts_with("tasq-worker") => eprintln!("{name} {info}"),
         _ => default_hook(info),
     }));
 

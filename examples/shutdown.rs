@@ -8,7 +8,7 @@
 use std::error::Error;
 use std::time::Duration;
 
-use taskq::{CancelReason, HandlerError, Outcome, Pool, SubmitErrorKind, TaskType};
+use tasq::{CancelReason, HandlerError, Outcome, Pool, SubmitErrorKind, TaskType};
 
 /// One step of work: a handler runs `steps` of them.
 const STEP: Duration = Duration::from_millis(50);

@@ -22,7 +22,7 @@ use crate::worker;
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{RetryPolicy, TypeOptions};
+/// use tasq::{RetryPolicy, TypeOptions};
 ///
 /// let options = TypeOptions::new()
 ///     .max_attempts(10)
@@ -41,7 +41,7 @@ impl TypeOptions {
     /// # Examples
     ///
     /// ```
-    /// let options = taskq::TypeOptions::new();
+    /// let options = tasq::TypeOptions::new();
     /// # let _ = options;
     /// ```
     pub fn new() -> Self {
@@ -53,7 +53,7 @@ impl TypeOptions {
     /// # Examples
     ///
     /// ```
-    /// let once = taskq::TypeOptions::new().max_attempts(1);
+    /// let once = tasq::TypeOptions::new().max_attempts(1);
     /// # let _ = once;
     /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
@@ -67,8 +67,8 @@ impl TypeOptions {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let fast = taskq::TypeOptions::new()
-    ///     .retry_policy(taskq::RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(50)));
+    /// let fast = tasq::TypeOptions::new()
+    ///     .retry_policy(tasq::RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(50)));
     /// # let _ = fast;
     /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
@@ -90,7 +90,7 @@ struct Pending {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskType, TypeOptions};
+/// use tasq::{HandlerError, Pool, TaskType, TypeOptions};
 ///
 /// const UPLOAD: TaskType<Vec<u8>, usize> = TaskType::new("upload");
 ///
@@ -125,7 +125,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// let builder = taskq::Builder::new();
+    /// let builder = tasq::Builder::new();
     /// # let _ = builder;
     /// ```
     pub fn new() -> Self {
@@ -141,7 +141,7 @@ impl Builder {
             },
             clock: Clock::System,
             seed: None,
-            thread_name: "taskq-worker".to_owned(),
+            thread_name: "tasq-worker".to_owned(),
             stack_size: None,
         }
     }
@@ -153,9 +153,9 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// let pool = taskq::Pool::builder().workers(3).build()?;
+    /// let pool = tasq::Pool::builder().workers(3).build()?;
     /// assert_eq!(pool.stats().workers, 3);
-    /// # Ok::<(), taskq::BuildError>(())
+    /// # Ok::<(), tasq::BuildError>(())
     /// ```
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = Some(workers);
@@ -169,7 +169,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// let builder = taskq::Pool::builder().max_attempts(10);
+    /// let builder = tasq::Pool::builder().max_attempts(10);
     /// # let _ = builder;
     /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
@@ -186,8 +186,8 @@ impl Builder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let builder = taskq::Pool::builder()
-    ///     .retry_policy(taskq::RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(5)));
+    /// let builder = tasq::Pool::builder()
+    ///     .retry_policy(tasq::RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(5)));
     /// # let _ = builder;
     /// ```
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
@@ -207,7 +207,7 @@ impl Builder {
     /// ```
     /// use std::sync::atomic::{AtomicU64, Ordering};
     /// use std::sync::Arc;
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const COUNT: TaskType<u64, u64> = TaskType::new("count");
     /// let total = Arc::new(AtomicU64::new(0));
@@ -233,7 +233,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType, TypeOptions};
+    /// use tasq::{HandlerError, Pool, TaskType, TypeOptions};
     ///
     /// const ONCE: TaskType<(), ()> = TaskType::new("once");
     /// let pool = Pool::builder()
@@ -286,7 +286,7 @@ impl Builder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let builder = taskq::Pool::builder().retention(100_000, Some(Duration::from_secs(24 * 3600)));
+    /// let builder = tasq::Pool::builder().retention(100_000, Some(Duration::from_secs(24 * 3600)));
     /// # let _ = builder;
     /// ```
     pub fn retention(mut self, max_count: usize, max_age: Option<Duration>) -> Self {
@@ -302,7 +302,7 @@ impl Builder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
+    /// use tasq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
     ///
     /// const LATER: TaskType<(), ()> = TaskType::new("later");
     /// let clock = ManualClock::new();
@@ -328,7 +328,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// let builder = taskq::Pool::builder().seed(42);
+    /// let builder = tasq::Pool::builder().seed(42);
     /// # let _ = builder;
     /// ```
     pub fn seed(mut self, seed: u64) -> Self {
@@ -337,12 +337,12 @@ impl Builder {
     }
 
     /// Sets the worker threads' name prefix; each is named `{prefix}-{index}`. Defaults to
-    /// `taskq-worker`.
+    /// `tasq-worker`.
     ///
     /// # Examples
     ///
     /// ```
-    /// let builder = taskq::Pool::builder().thread_name("mailer");
+    /// let builder = tasq::Pool::builder().thread_name("mailer");
     /// # let _ = builder;
     /// ```
     pub fn thread_name(mut self, prefix: impl Into<String>) -> Self {
@@ -355,7 +355,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// let builder = taskq::Pool::builder().stack_size(4 << 20);
+    /// let builder = tasq::Pool::builder().stack_size(4 << 20);
     /// # let _ = builder;
     /// ```
     pub fn stack_size(mut self, bytes: usize) -> Self {
@@ -375,7 +375,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{BuildError, HandlerError, Pool, TaskType};
+    /// use tasq::{BuildError, HandlerError, Pool, TaskType};
     ///
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let twice = Pool::builder()

@@ -21,7 +21,7 @@ use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, Weak};
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const POLL: TaskType<u32, u32> = TaskType::new("poll");
 ///
@@ -64,7 +64,7 @@ struct TokenInner {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{CancelReason, Cancelled, HandlerError, Outcome, Pool, TaskType};
+/// use tasq::{CancelReason, Cancelled, HandlerError, Outcome, Pool, TaskType};
 ///
 /// const NAP: TaskType<(), bool> = TaskType::new("nap");
 /// let pool = Pool::builder()
@@ -75,7 +75,7 @@ struct TokenInner {
 ///     })
 ///     .build()?;
 /// let handle = pool.submit(NAP.task(()))?;
-/// while handle.status() != taskq::TaskState::Running {
+/// while handle.status() != tasq::TaskState::Running {
 ///     std::thread::yield_now();
 /// }
 /// handle.cancel()?;
@@ -116,7 +116,7 @@ impl CancelToken {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const STEP: TaskType<(), bool> = TaskType::new("step");
     /// let pool = Pool::builder()
@@ -139,7 +139,7 @@ impl CancelToken {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const NAP: TaskType<(), ()> = TaskType::new("nap");
     /// let pool = Pool::builder()
@@ -178,7 +178,7 @@ impl CancelToken {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const BLOCK: TaskType<(), ()> = TaskType::new("block");
     /// let pool = Pool::builder()

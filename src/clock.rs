@@ -72,7 +72,7 @@ impl Clock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::ManualClock;
+/// use tasq::ManualClock;
 ///
 /// let clock = ManualClock::new();
 /// let start = clock.now();
@@ -97,7 +97,7 @@ impl ManualClock {
     /// # Examples
     ///
     /// ```
-    /// let clock = taskq::ManualClock::new();
+    /// let clock = tasq::ManualClock::new();
     /// assert_eq!(clock.now(), clock.now());
     /// ```
     pub fn new() -> Self {
@@ -117,7 +117,7 @@ impl ManualClock {
     /// ```
     /// use std::time::Duration;
     ///
-    /// let clock = taskq::ManualClock::new();
+    /// let clock = tasq::ManualClock::new();
     /// let before = clock.now();
     /// clock.advance(Duration::from_millis(1));
     /// assert!(clock.now() > before);
@@ -136,7 +136,7 @@ impl ManualClock {
     /// ```
     /// use std::time::Duration;
     ///
-    /// let clock = taskq::ManualClock::new();
+    /// let clock = tasq::ManualClock::new();
     /// let start = clock.now();
     /// clock.advance(Duration::from_secs(1));
     /// clock.advance(Duration::from_secs(2));

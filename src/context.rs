@@ -11,12 +11,12 @@ use crate::task::TaskId;
 /// # Examples
 ///
 /// ```
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const FLAKY: TaskType<(), u32> = TaskType::new("flaky");
 /// let pool = Pool::builder()
 ///     .workers(1)
-///     .retry_policy(taskq::RetryPolicy::exponential(
+///     .retry_policy(tasq::RetryPolicy::exponential(
 ///         std::time::Duration::from_millis(1),
 ///         std::time::Duration::from_millis(1),
 ///     ))
@@ -63,7 +63,7 @@ impl Context {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskId, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskId, TaskType};
     /// const WHO: TaskType<(), TaskId> = TaskType::new("who");
     /// let pool = Pool::builder().workers(1).register(WHO, |ctx, _: &()| Ok::<_, HandlerError>(ctx.id())).build()?;
     /// let handle = pool.submit(WHO.task(()))?;
@@ -79,7 +79,7 @@ impl Context {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const ONCE: TaskType<(), u32> = TaskType::new("once");
     /// let pool = Pool::builder().workers(1).register(ONCE, |ctx, _: &()| Ok::<_, HandlerError>(ctx.attempt())).build()?;
     /// assert_eq!(pool.submit(ONCE.task(()))?.wait().succeeded(), Some(1));
@@ -94,7 +94,7 @@ impl Context {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const NAMED: TaskType<(), String> = TaskType::new("named");
     /// let pool = Pool::builder().workers(1).register(NAMED, |ctx, _: &()| Ok::<_, HandlerError>(ctx.task_type().to_owned())).build()?;
     /// assert_eq!(pool.submit(NAMED.task(()))?.wait().succeeded().as_deref(), Some("named"));
@@ -109,7 +109,7 @@ impl Context {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<(), bool> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |ctx, _: &()| Ok::<_, HandlerError>(ctx.token().is_cancelled())).build()?;
     /// assert_eq!(pool.submit(JOB.task(()))?.wait().succeeded(), Some(false));
@@ -125,7 +125,7 @@ impl Context {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<(), bool> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |ctx, _: &()| Ok::<_, HandlerError>(ctx.is_cancelled())).build()?;
     /// assert_eq!(pool.submit(JOB.task(()))?.wait().succeeded(), Some(false));
@@ -142,7 +142,7 @@ impl Context {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |ctx, _: &()| {
     ///     ctx.sleep(Duration::from_millis(1))?;

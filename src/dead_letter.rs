@@ -13,7 +13,7 @@ use crate::task::{Failure, TaskId};
 /// # Examples
 ///
 /// ```
-/// use taskq::{FailureReason, HandlerError, Pool, TaskType};
+/// use tasq::{FailureReason, HandlerError, Pool, TaskType};
 ///
 /// const BAD: TaskType<(), ()> = TaskType::new("bad");
 /// let pool = Pool::builder().workers(1).register(BAD, |_, _: &()| -> Result<(), HandlerError> {

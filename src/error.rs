@@ -9,7 +9,7 @@ use crate::task::{TaskId, TaskState};
 /// # Examples
 ///
 /// ```
-/// use taskq::{BuildError, Pool};
+/// use tasq::{BuildError, Pool};
 /// assert!(matches!(Pool::builder().workers(0).build(), Err(BuildError::ZeroWorkers)));
 /// ```
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,7 @@ pub enum BuildError {
 /// # Examples
 ///
 /// ```
-/// use taskq::{HandlerError, Pool, SubmitErrorKind, TaskType};
+/// use tasq::{HandlerError, Pool, SubmitErrorKind, TaskType};
 ///
 /// const KNOWN: TaskType<u8, ()> = TaskType::new("known");
 /// const UNKNOWN: TaskType<u8, ()> = TaskType::new("unknown");
@@ -69,7 +69,7 @@ impl<T> SubmitError<T> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, SubmitErrorKind, TaskType};
+    /// use tasq::{HandlerError, Pool, SubmitErrorKind, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// pool.shutdown(std::time::Duration::from_secs(1));
@@ -86,7 +86,7 @@ impl<T> SubmitError<T> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<String, ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &String| Ok::<_, HandlerError>(())).build()?;
     /// pool.shutdown(std::time::Duration::ZERO);
@@ -112,7 +112,7 @@ impl<T> fmt::Debug for SubmitError<T> {
 /// # Examples
 ///
 /// ```
-/// use taskq::SubmitErrorKind;
+/// use tasq::SubmitErrorKind;
 /// assert_eq!(SubmitErrorKind::ShutDown.to_string(), "the pool is shut down (or shutting down)");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -151,7 +151,7 @@ pub enum SubmitErrorKind {
 /// # Examples
 ///
 /// ```
-/// use taskq::{CancelError, HandlerError, Pool, TaskType};
+/// use tasq::{CancelError, HandlerError, Pool, TaskType};
 /// const JOB: TaskType<(), ()> = TaskType::new("job");
 /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
 /// let other = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -176,7 +176,7 @@ pub enum CancelError {
 /// # Examples
 ///
 /// ```
-/// use taskq::{HandlerError, Pool, ResubmitError, TaskState, TaskType};
+/// use tasq::{HandlerError, Pool, ResubmitError, TaskState, TaskType};
 /// const JOB: TaskType<(), ()> = TaskType::new("job");
 /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
 /// let handle = pool.submit(JOB.task(()))?;

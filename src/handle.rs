@@ -19,7 +19,7 @@ use crate::task::{CancelReason, Failure, TaskId, TaskState};
 /// # Examples
 ///
 /// ```
-/// use taskq::{HandlerError, Outcome, Pool, TaskType};
+/// use tasq::{HandlerError, Outcome, Pool, TaskType};
 ///
 /// const ADD: TaskType<(u32, u32), u32> = TaskType::new("add");
 /// let pool = Pool::builder().workers(1).register(ADD, |_, (a, b): &(u32, u32)| Ok::<_, HandlerError>(a + b)).build()?;
@@ -48,7 +48,7 @@ impl<O> Outcome<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{Outcome, TaskState};
+    /// use tasq::{Outcome, TaskState};
     /// assert_eq!(Outcome::Succeeded(1).state(), TaskState::Succeeded);
     /// ```
     pub fn state(&self) -> TaskState {
@@ -64,7 +64,7 @@ impl<O> Outcome<O> {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(taskq::Outcome::Succeeded(7).succeeded(), Some(7));
+    /// assert_eq!(tasq::Outcome::Succeeded(7).succeeded(), Some(7));
     /// ```
     pub fn succeeded(self) -> Option<O> {
         match self {
@@ -78,7 +78,7 @@ impl<O> Outcome<O> {
     /// # Examples
     ///
     /// ```
-    /// assert!(taskq::Outcome::Succeeded(()).is_succeeded());
+    /// assert!(tasq::Outcome::Succeeded(()).is_succeeded());
     /// ```
     pub fn is_succeeded(&self) -> bool {
         matches!(self, Outcome::Succeeded(_))
@@ -89,7 +89,7 @@ impl<O> Outcome<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{CancelReason, Outcome};
+    /// use tasq::{CancelReason, Outcome};
     /// assert!(!Outcome::<()>::Cancelled(CancelReason::Requested).is_failed());
     /// ```
     pub fn is_failed(&self) -> bool {
@@ -101,7 +101,7 @@ impl<O> Outcome<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{CancelReason, Outcome};
+    /// use tasq::{CancelReason, Outcome};
     /// assert!(Outcome::<()>::Cancelled(CancelReason::Shutdown).is_cancelled());
     /// ```
     pub fn is_cancelled(&self) -> bool {
@@ -202,7 +202,7 @@ impl Completion {
 /// # Examples
 ///
 /// ```
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const SQUARE: TaskType<u64, u64> = TaskType::new("square");
 /// let pool = Pool::builder().workers(2).register(SQUARE, |_, n: &u64| Ok::<_, HandlerError>(n * n)).build()?;
@@ -235,7 +235,7 @@ impl<O> TaskHandle<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// let handle = pool.submit(JOB.task(()))?;
@@ -252,7 +252,7 @@ impl<O> TaskHandle<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskState, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskState, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// let handle = pool.submit(JOB.task(()))?;
@@ -277,7 +277,7 @@ impl<O> TaskHandle<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// let handle = pool.submit(JOB.task(()))?;
@@ -300,7 +300,7 @@ impl<O> TaskHandle<O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{CancelReason, HandlerError, Outcome, Pool, TaskType};
+    /// use tasq::{CancelReason, HandlerError, Outcome, Pool, TaskType};
     ///
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -321,7 +321,7 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const NEG: TaskType<i32, i32> = TaskType::new("neg");
     /// let pool = Pool::builder().workers(1).register(NEG, |_, n: &i32| Ok::<_, HandlerError>(-n)).build()?;
     /// assert_eq!(pool.submit(NEG.task(4))?.wait().succeeded(), Some(-4));
@@ -344,7 +344,7 @@ impl<O: Clone + 'static> TaskHandle<O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -374,7 +374,7 @@ impl<O: Clone + 'static> TaskHandle<O> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;

@@ -1,6 +1,6 @@
 //! A task queue and worker pool for programs that do not use async.
 //!
-//! taskq runs typed tasks on a pool of OS threads: higher priorities first, delayed tasks at
+//! tasq runs typed tasks on a pool of OS threads: higher priorities first, delayed tasks at
 //! their time, failed tasks retried with exponential backoff and full jitter, tasks that keep
 //! failing (or panic) kept as dead letters, tasks that wait for other tasks, cancellation, and a
 //! graceful shutdown with a deadline. Delivery is at-least-once: a handler may run more than
@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use taskq::{HandlerError, Pool, TaskType};
+//! use tasq::{HandlerError, Pool, TaskType};
 //!
 //! // A task type: its name, its payload type and its handler's output type.
 //! const RESIZE: TaskType<(u32, u32), u64> = TaskType::new("resize");

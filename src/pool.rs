@@ -19,7 +19,7 @@ use crate::task::{Start, Task, TaskId, TaskState, TaskType};
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{CancelOutcome, HandlerError, Pool, TaskType};
+/// use tasq::{CancelOutcome, HandlerError, Pool, TaskType};
 ///
 /// const JOB: TaskType<(), ()> = TaskType::new("job");
 /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -59,7 +59,7 @@ pub enum CancelOutcome {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const WORD_COUNT: TaskType<String, usize> = TaskType::new("word_count");
 ///
@@ -94,8 +94,8 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// let pool = taskq::Pool::builder().workers(2).build()?;
-    /// # Ok::<(), taskq::BuildError>(())
+    /// let pool = tasq::Pool::builder().workers(2).build()?;
+    /// # Ok::<(), tasq::BuildError>(())
     /// ```
     pub fn builder() -> Builder {
         Builder::new()
@@ -121,7 +121,7 @@ impl Pool {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, Pool, SubmitErrorKind, TaskType};
+    /// use tasq::{HandlerError, Pool, SubmitErrorKind, TaskType};
     ///
     /// const PING: TaskType<(), &'static str> = TaskType::new("ping");
     /// let pool = Pool::builder().workers(1).register(PING, |_, _: &()| Ok::<_, HandlerError>("pong")).build()?;
@@ -247,7 +247,7 @@ impl Pool {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{CancelOutcome, CancelReason, HandlerError, Outcome, Pool, TaskType};
+    /// use tasq::{CancelOutcome, CancelReason, HandlerError, Outcome, Pool, TaskType};
     ///
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -266,7 +266,7 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskState, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskState, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// let handle = pool.submit(JOB.task(()))?;
@@ -283,7 +283,7 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<(), ()> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
     /// let handle = pool.submit(JOB.task(()))?;
@@ -301,7 +301,7 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     /// const JOB: TaskType<u8, u8> = TaskType::new("job");
     /// let pool = Pool::builder().workers(1).register(JOB, |_, n: &u8| Ok::<_, HandlerError>(*n)).build()?;
     /// let id = pool.submit(JOB.task(9))?.id();
@@ -331,7 +331,7 @@ impl Pool {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
+    /// use tasq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
     ///
     /// const TICK: TaskType<(), ()> = TaskType::new("tick");
     /// let clock = ManualClock::new();
@@ -357,10 +357,10 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// let pool = taskq::Pool::builder().workers(2).build()?;
+    /// let pool = tasq::Pool::builder().workers(2).build()?;
     /// let stats = pool.stats();
     /// assert_eq!((stats.workers, stats.ready, stats.running), (2, 0, 0));
-    /// # Ok::<(), taskq::BuildError>(())
+    /// # Ok::<(), tasq::BuildError>(())
     /// ```
     pub fn stats(&self) -> Stats {
         self.shared.stats()
@@ -371,7 +371,7 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{FailureReason, HandlerError, Pool, TaskType};
+    /// use tasq::{FailureReason, HandlerError, Pool, TaskType};
     /// const BAD: TaskType<(), ()> = TaskType::new("bad");
     /// let pool = Pool::builder().workers(1).register(BAD, |_, _: &()| Err::<(), _>(HandlerError::permanent("no"))).build()?;
     /// pool.submit(BAD.task(()))?.wait();
@@ -395,7 +395,7 @@ impl Pool {
     ///
     /// ```
     /// use std::sync::atomic::{AtomicBool, Ordering};
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const FETCH: TaskType<(), ()> = TaskType::new("fetch");
     /// static UP: AtomicBool = AtomicBool::new(false);
@@ -425,7 +425,7 @@ impl Pool {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const IMPORT: TaskType<String, ()> = TaskType::new("import");
     /// let pool = Pool::builder()
@@ -472,7 +472,7 @@ impl Pool {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const STUCK: TaskType<(), ()> = TaskType::new("stuck");
     /// let pool = Pool::builder()

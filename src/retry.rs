@@ -17,7 +17,7 @@ use rand::Rng;
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::RetryPolicy;
+/// use tasq::RetryPolicy;
 ///
 /// let policy = RetryPolicy::exponential(Duration::from_millis(100), Duration::from_secs(10));
 /// assert_eq!(policy.max_delay(1), Duration::from_millis(100));
@@ -37,7 +37,7 @@ impl RetryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let policy = taskq::RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60));
+    /// let policy = tasq::RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60));
     /// assert_eq!(policy.cap(), Duration::from_secs(60));
     /// ```
     pub const fn exponential(base: Duration, cap: Duration) -> Self {
@@ -49,7 +49,7 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(taskq::RetryPolicy::default().base(), std::time::Duration::from_millis(100));
+    /// assert_eq!(tasq::RetryPolicy::default().base(), std::time::Duration::from_millis(100));
     /// ```
     pub const fn base(&self) -> Duration {
         self.base
@@ -60,7 +60,7 @@ impl RetryPolicy {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(taskq::RetryPolicy::default().cap(), std::time::Duration::from_secs(10));
+    /// assert_eq!(tasq::RetryPolicy::default().cap(), std::time::Duration::from_secs(10));
     /// ```
     pub const fn cap(&self) -> Duration {
         self.cap
@@ -73,7 +73,7 @@ impl RetryPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// let policy = taskq::RetryPolicy::default();
+    /// let policy = tasq::RetryPolicy::default();
     /// assert_eq!(policy.max_delay(2), Duration::from_millis(200));
     /// assert_eq!(policy.max_delay(u32::MAX), Duration::from_secs(10));
     /// ```
@@ -98,7 +98,7 @@ impl RetryPolicy {
     /// use rand::SeedableRng;
     /// use std::time::Duration;
     ///
-    /// let policy = taskq::RetryPolicy::default();
+    /// let policy = tasq::RetryPolicy::default();
     /// let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     /// let delay = policy.delay(4, &mut rng);
     /// assert!(delay <= Duration::from_millis(800));
@@ -141,7 +141,7 @@ impl Default for RetryPolicy {
 /// # Examples
 ///
 /// ```
-/// use taskq::HandlerError;
+/// use tasq::HandlerError;
 ///
 /// fn parse(input: &str) -> Result<u32, HandlerError> {
 ///     // A malformed number will never parse: do not retry it.
@@ -162,7 +162,7 @@ impl HandlerError {
     /// # Examples
     ///
     /// ```
-    /// let err = taskq::HandlerError::retryable("connection refused");
+    /// let err = tasq::HandlerError::retryable("connection refused");
     /// assert_eq!(err.to_string(), "connection refused");
     /// ```
     pub fn retryable(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
@@ -177,7 +177,7 @@ impl HandlerError {
     /// # Examples
     ///
     /// ```
-    /// let err = taskq::HandlerError::permanent("invalid address");
+    /// let err = tasq::HandlerError::permanent("invalid address");
     /// assert!(err.is_permanent());
     /// ```
     pub fn permanent(error: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
@@ -192,7 +192,7 @@ impl HandlerError {
     /// # Examples
     ///
     /// ```
-    /// assert!(!taskq::HandlerError::retryable("busy").is_permanent());
+    /// assert!(!tasq::HandlerError::retryable("busy").is_permanent());
     /// ```
     pub fn is_permanent(&self) -> bool {
         self.permanent
@@ -203,7 +203,7 @@ impl HandlerError {
     /// # Examples
     ///
     /// ```
-    /// let err = taskq::HandlerError::retryable("busy");
+    /// let err = tasq::HandlerError::retryable("busy");
     /// assert_eq!(err.source().to_string(), "busy");
     /// ```
     pub fn source(&self) -> &(dyn Error + Send + Sync + 'static) {

@@ -11,7 +11,7 @@ use crate::task::{TaskId, TaskState};
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const JOB: TaskType<(), ()> = TaskType::new("job");
 /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -53,7 +53,7 @@ pub struct Stats {
 /// # Examples
 ///
 /// ```
-/// let totals = taskq::Totals::default();
+/// let totals = tasq::Totals::default();
 /// assert_eq!(totals.submitted, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub struct Totals {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskState, TaskType};
+/// use tasq::{HandlerError, Pool, TaskState, TaskType};
 ///
 /// const JOB: TaskType<(), ()> = TaskType::new("job");
 /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -113,7 +113,7 @@ pub struct TaskInfo {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const JOB: TaskType<(), ()> = TaskType::new("job");
 /// let pool = Pool::builder().workers(2).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;

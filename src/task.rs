@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// # Examples
 ///
 /// ```
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const NOOP: TaskType<(), ()> = TaskType::new("noop");
 /// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -28,7 +28,7 @@ impl TaskId {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const NOOP: TaskType<(), ()> = TaskType::new("noop");
     /// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
@@ -56,7 +56,7 @@ impl fmt::Display for TaskId {
 /// # Examples
 ///
 /// ```
-/// use taskq::TaskType;
+/// use tasq::TaskType;
 ///
 /// struct Email { to: String }
 /// const SEND_EMAIL: TaskType<Email, ()> = TaskType::new("send_email");
@@ -74,7 +74,7 @@ impl<P, O> TaskType<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const RESIZE: taskq::TaskType<Vec<u8>, Vec<u8>> = taskq::TaskType::new("resize");
+    /// const RESIZE: tasq::TaskType<Vec<u8>, Vec<u8>> = tasq::TaskType::new("resize");
     /// ```
     pub const fn new(name: &'static str) -> Self {
         TaskType {
@@ -88,7 +88,7 @@ impl<P, O> TaskType<P, O> {
     /// # Examples
     ///
     /// ```
-    /// assert_eq!(taskq::TaskType::<u8, u8>::new("double").name(), "double");
+    /// assert_eq!(tasq::TaskType::<u8, u8>::new("double").name(), "double");
     /// ```
     pub const fn name(&self) -> &'static str {
         self.name
@@ -100,7 +100,7 @@ impl<P, O> TaskType<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const DOUBLE: taskq::TaskType<u32, u32> = taskq::TaskType::new("double");
+    /// const DOUBLE: tasq::TaskType<u32, u32> = tasq::TaskType::new("double");
     /// let task = DOUBLE.task(21).priority(3);
     /// assert_eq!(*task.payload(), 21);
     /// ```
@@ -137,7 +137,7 @@ pub(crate) enum Start {
 ///
 /// ```
 /// use std::time::Duration;
-/// use taskq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskType};
 ///
 /// const GREET: TaskType<String, String> = TaskType::new("greet");
 ///
@@ -170,7 +170,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{Task, TaskType};
+    /// use tasq::{Task, TaskType};
     /// const ECHO: TaskType<u8, u8> = TaskType::new("echo");
     /// let task = Task::new(ECHO, 1);
     /// assert_eq!(task.task_type().name(), "echo");
@@ -192,7 +192,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// const JOB: tasq::TaskType<(), ()> = tasq::TaskType::new("job");
     /// let urgent = JOB.task(()).priority(255);
     /// # let _ = urgent;
     /// ```
@@ -209,7 +209,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// const JOB: tasq::TaskType<(), ()> = tasq::TaskType::new("job");
     /// let later = JOB.task(()).delay(std::time::Duration::from_secs(30));
     /// # let _ = later;
     /// ```
@@ -227,7 +227,7 @@ impl<P, O> Task<P, O> {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// const JOB: tasq::TaskType<(), ()> = tasq::TaskType::new("job");
     /// let later = JOB.task(()).run_at(Instant::now() + Duration::from_secs(30));
     /// # let _ = later;
     /// ```
@@ -246,7 +246,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const STEP: TaskType<u8, u8> = TaskType::new("step");
     /// let pool = Pool::builder().workers(2).register(STEP, |_, n: &u8| Ok::<_, HandlerError>(*n)).build()?;
@@ -266,7 +266,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// use taskq::{HandlerError, Pool, TaskType};
+    /// use tasq::{HandlerError, Pool, TaskType};
     ///
     /// const CHARGE: TaskType<u32, u32> = TaskType::new("charge");
     /// let pool = Pool::builder().workers(1).register(CHARGE, |_, cents: &u32| Ok::<_, HandlerError>(*cents)).build()?;
@@ -285,7 +285,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const JOB: taskq::TaskType<(), ()> = taskq::TaskType::new("job");
+    /// const JOB: tasq::TaskType<(), ()> = tasq::TaskType::new("job");
     /// assert_eq!(JOB.task(()).task_type().name(), "job");
     /// ```
     pub fn task_type(&self) -> TaskType<P, O> {
@@ -297,7 +297,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const JOB: taskq::TaskType<u8, ()> = taskq::TaskType::new("job");
+    /// const JOB: tasq::TaskType<u8, ()> = tasq::TaskType::new("job");
     /// assert_eq!(*JOB.task(4).payload(), 4);
     /// ```
     pub fn payload(&self) -> &P {
@@ -309,7 +309,7 @@ impl<P, O> Task<P, O> {
     /// # Examples
     ///
     /// ```
-    /// const JOB: taskq::TaskType<String, ()> = taskq::TaskType::new("job");
+    /// const JOB: tasq::TaskType<String, ()> = tasq::TaskType::new("job");
     /// assert_eq!(JOB.task("x".to_owned()).into_payload(), "x");
     /// ```
     pub fn into_payload(self) -> P {
@@ -345,7 +345,7 @@ impl<P, O> fmt::Debug for Task<P, O> {
 /// # Examples
 ///
 /// ```
-/// use taskq::TaskState;
+/// use tasq::TaskState;
 /// assert!(TaskState::Failed.is_terminal());
 /// assert!(!TaskState::Scheduled.is_terminal());
 /// ```
@@ -374,7 +374,7 @@ impl TaskState {
     /// # Examples
     ///
     /// ```
-    /// assert!(taskq::TaskState::Cancelled.is_terminal());
+    /// assert!(tasq::TaskState::Cancelled.is_terminal());
     /// ```
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -403,7 +403,7 @@ impl fmt::Display for TaskState {
 /// # Examples
 ///
 /// ```
-/// assert_eq!(taskq::FailureReason::Panicked.to_string(), "panicked");
+/// assert_eq!(tasq::FailureReason::Panicked.to_string(), "panicked");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -431,7 +431,7 @@ impl fmt::Display for FailureReason {
 /// # Examples
 ///
 /// ```
-/// assert_eq!(taskq::CancelReason::Requested.to_string(), "cancel requested");
+/// assert_eq!(tasq::CancelReason::Requested.to_string(), "cancel requested");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -462,7 +462,7 @@ impl fmt::Display for CancelReason {
 /// # Examples
 ///
 /// ```
-/// use taskq::{FailureReason, HandlerError, Outcome, Pool, TaskType};
+/// use tasq::{FailureReason, HandlerError, Outcome, Pool, TaskType};
 ///
 /// const CHECK: TaskType<u32, ()> = TaskType::new("check");
 /// let pool = Pool::builder()

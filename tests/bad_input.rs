@@ -5,7 +5,7 @@ mod support_a;
 use std::time::{Duration, Instant};
 
 use support_a::finish;
-use taskq::{
+use tasq::{
     BuildError, CancelError, HandlerError, Pool, ResubmitError, RetryPolicy, SubmitErrorKind,
     TaskId, TaskType, TypeOptions,
 };

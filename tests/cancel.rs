@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use support_b::{Latch, finished, recv, retryable, wait};
-use taskq::{
+use tasq::{
     CancelError, CancelOutcome, CancelReason, HandlerError, ManualClock, Outcome, Pool,
     RetryPolicy, TaskId, TaskState, TaskType,
 };
@@ -102,7 +102,7 @@ impl Fixture {
     }
 
     /// Submits a GATE task and waits until it holds a worker.
-    fn hold_worker(&self) -> taskq::TaskHandle<()> {
+    fn hold_worker(&self) -> tasq::TaskHandle<()> {
         let gate = self.pool.submit(GATE.task(())).unwrap();
         assert_eq!(recv(&self.started, "the gate task to start"), gate.id());
         gate
@@ -114,7 +114,7 @@ impl Fixture {
 }
 
 fn stubborn(
-    ctx: &taskq::Context,
+    ctx: &tasq::Context,
     how: u32,
     started: &Sender<TaskId>,
     saw_token: &Sender<TaskId>,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use support_a::{HANG_GUARD, finish};
-use taskq::{
+use tasq::{
     FailureReason, HandlerError, Outcome, Pool, ResubmitError, RetryPolicy, TaskState, TaskType,
 };
 
@@ -276,10 +276,10 @@ fn a_dead_letter_s_payload_can_be_taken_once() {
 
     assert_eq!(pool.take_dead_letter(ROW, bad.id()).as_deref(), Some("x;y"));
     assert!(pool.dead_letters().is_empty());
-    assert_eq!(pool.status(bad.id()), Some(taskq::TaskState::Failed));
+    assert_eq!(pool.status(bad.id()), Some(tasq::TaskState::Failed));
     assert_eq!(pool.take_dead_letter(ROW, bad.id()), None);
     assert_eq!(
         pool.resubmit(bad.id()),
-        Err(taskq::ResubmitError::Taken(bad.id()))
+        Err(tasq::ResubmitError::Taken(bad.id()))
     );
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support_b::{Latch, finished, wait};
-use taskq::{
+use tasq::{
     CancelOutcome, CancelReason, FailureReason, HandlerError, ManualClock, Outcome, Pool,
     TaskHandle, TaskState, TaskType,
 };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use taskq::{HandlerError, ManualClock, Pool, RetryPolicy, TaskState, TaskType, TypeOptions};
+use tasq::{HandlerError, ManualClock, Pool, RetryPolicy, TaskState, TaskType, TypeOptions};
 
 const FLAKY: TaskType<u32, u32> = TaskType::new("flaky");
 

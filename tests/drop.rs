@@ -9,7 +9,7 @@ use std::time::Duration;
 use support_b::{
     DropSignal, Latch, assert_threads_gone, assert_threads_named, finished, recv, wait,
 };
-use taskq::{CancelError, CancelReason, ManualClock, Outcome, Pool, TaskState, TaskType};
+use tasq::{CancelError, CancelReason, ManualClock, Outcome, Pool, TaskState, TaskType};
 
 const STUCK: TaskType<(), ()> = TaskType::new("stuck");
 const JOB: TaskType<u32, u32> = TaskType::new("job");
@@ -186,7 +186,7 @@ fn dropping_a_pool_wakes_a_handler_sleeping_on_a_manual_clock() {
 
     assert_eq!(
         recv(&slept, "the sleep to end"),
-        Err(taskq::Cancelled),
+        Err(tasq::Cancelled),
         "the sleep ended without its token firing"
     );
     assert_eq!(wait(&sleeper), Outcome::Cancelled(CancelReason::Shutdown));

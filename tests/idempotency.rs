@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
 use support_a::{GATE, finish, gate, gate_handler};
-use taskq::{HandlerError, Outcome, Pool, TaskState, TaskType};
+use tasq::{HandlerError, Outcome, Pool, TaskState, TaskType};
 
 /// Counts its runs; returns the payload and the run number.
 const CHARGE: TaskType<u32, (u32, usize)> = TaskType::new("charge");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use support_a::{GATE, HANG_GUARD, PROBE, finish, gate, gate_handler, probe_handler, settle};
-use taskq::{
+use tasq::{
     CancelOutcome, CancelReason, FailureReason, HandlerError, ManualClock, Outcome, Pool,
     RetryPolicy, TaskState, TaskType,
 };

@@ -12,7 +12,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
-use taskq::{
+use tasq::{
     CancelOutcome, CancelReason, HandlerError, ManualClock, Outcome, Pool, RetryPolicy,
     SubmitErrorKind, TaskState, TaskType,
 };
@@ -316,13 +316,13 @@ fn shutdown_deadline_while_a_handler_runs() {
 fn a_dependent_sees_its_dependency_s_outcome() {
     model(|| {
         const PRODUCE: TaskType<u32, u32> = TaskType::new("produce");
-        const CONSUME: TaskType<taskq::TaskHandle<u32>, bool> = TaskType::new("consume");
+        const CONSUME: TaskType<tasq::TaskHandle<u32>, bool> = TaskType::new("consume");
         let pool = Pool::builder()
             .workers(2)
             .seed(1)
             .manual_clock(ManualClock::new())
             .register(PRODUCE, |_, n: &u32| Ok::<_, HandlerError>(*n))
-            .register(CONSUME, |_, parent: &taskq::TaskHandle<u32>| {
+            .register(CONSUME, |_, parent: &tasq::TaskHandle<u32>| {
                 Ok::<_, HandlerError>(parent.try_wait() == Some(Outcome::Succeeded(3)))
             })
             .build()

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use support_a::{GATE, HANG_GUARD, finish, gate, gate_handler};
-use taskq::{HandlerError, ManualClock, Pool, TaskType};
+use tasq::{HandlerError, ManualClock, Pool, TaskType};
 
 /// A task that records its payload (priority, submission index) when it runs.
 const WORK: TaskType<(u8, usize), ()> = TaskType::new("work");

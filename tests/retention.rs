@@ -6,7 +6,7 @@ mod support_a;
 use std::time::Duration;
 
 use support_a::finish;
-use taskq::{
+use tasq::{
     CancelError, HandlerError, ManualClock, Outcome, Pool, SubmitErrorKind, TaskState, TaskType,
 };
 

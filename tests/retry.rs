@@ -11,7 +11,7 @@ use crossbeam_channel::Receiver;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use support_a::{HANG_GUARD, PROBE, finish, probe_handler, settle};
-use taskq::{
+use tasq::{
     Failure, FailureReason, HandlerError, ManualClock, Outcome, Pool, RetryPolicy, TaskHandle,
     TaskState, TaskType, TypeOptions,
 };

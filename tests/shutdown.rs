@@ -13,7 +13,7 @@ use support_b::{
     Latch, assert_threads_gone, assert_threads_named, finished, recv, retryable, wait,
     wait_until_closed,
 };
-use taskq::{
+use tasq::{
     CancelReason, ManualClock, Outcome, Pool, RetryPolicy, ShutdownReport, SubmitErrorKind, TaskId,
     TaskState, TaskType,
 };
@@ -100,17 +100,17 @@ impl Fixture {
         }
     }
 
-    fn hold_worker(&self) -> taskq::TaskHandle<()> {
+    fn hold_worker(&self) -> tasq::TaskHandle<()> {
         let gate = self.pool.submit(GATE.task(())).unwrap();
         assert_eq!(recv(&self.started, "the gate task to start"), gate.id());
         gate
     }
 
-    fn job(&self, n: u32) -> taskq::TaskHandle<u32> {
+    fn job(&self, n: u32) -> tasq::TaskHandle<u32> {
         self.pool.submit(JOB.task(n)).unwrap()
     }
 
-    fn delayed_job(&self, n: u32, secs: u64) -> taskq::TaskHandle<u32> {
+    fn delayed_job(&self, n: u32, secs: u64) -> tasq::TaskHandle<u32> {
         self.pool
             .submit(JOB.task(n).delay(Duration::from_secs(secs)))
             .unwrap()

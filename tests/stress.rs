@@ -2,7 +2,7 @@
 //! chains, cancels at random moments and a shutdown at a random moment; every task must end
 //! exactly once, and what the pool reports must match what the handlers did.
 //!
-//! `TASKQ_STRESS_TASKS` sets the number of tasks (default 100,000); `TASKQ_STRESS_SEED` replays a
+//! `TASQ_STRESS_TASKS` sets the number of tasks (default 100,000); `TASQ_STRESS_SEED` replays a
 //! run (the seed is printed).
 
 mod support_b;
@@ -14,12 +14,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use taskq::{
+use tasq::{
     CancelOutcome, CancelReason, Context, Failure, FailureReason, HandlerError, Outcome, Pool,
     RetryPolicy, SubmitErrorKind, TaskHandle, TaskId, TaskState, TaskType, TypeOptions,
 };
 
-const PANIC_MARKER: &str = "taskq stress: expected panic";
+const PANIC_MARKER: &str = "tasq stress: expected panic";
 const PRODUCERS: u64 = 4;
 const CANCELLERS: u64 = 2;
 const WORKERS: usize = 8;
@@ -206,7 +206,7 @@ fn handle(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerE
         Kind::Panic => panic!("{PANIC_MARKER} {}", job.seq),
         Kind::Slow => match ctx.sleep(Duration::from_micros(300)) {
             Ok(()) => Ok(job.seq * 2),
-            Err(taskq::Cancelled) => Err(HandlerError::retryable("interrupted")),
+            Err(tasq::Cancelled) => Err(HandlerError::retryable("interrupted")),
         },
     };
     if ctx.is_cancelled() {
@@ -324,14 +324,14 @@ fn cancel_randomly(
 #[test]
 fn every_task_ends_exactly_once_and_the_books_balance() {
     silence_expected_panics();
-    let tasks: u64 = std::env::var("TASKQ_STRESS_TASKS")
+    let tasks: u64 = std::env::var("TASQ_STRESS_TASKS")
         .ok()
-        .map(|n| n.parse().expect("TASKQ_STRESS_TASKS is a number"))
+        .map(|n| n.parse().expect("TASQ_STRESS_TASKS is a number"))
         // Miri runs code thousands of times slower: a token run there.
         .unwrap_or(if cfg!(miri) { 200 } else { 100_000 });
-    let seed: u64 = std::env::var("TASKQ_STRESS_SEED")
+    let seed: u64 = std::env::var("TASQ_STRESS_SEED")
         .ok()
-        .map(|n| n.parse().expect("TASKQ_STRESS_SEED is a number"))
+        .map(|n| n.parse().expect("TASQ_STRESS_SEED is a number"))
         .unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -442,7 +442,7 @@ fn check(
     recorder: &Recorder,
     submitted: &[Submitted],
     cancels: &[(TaskId, CancelOutcome, u64)],
-    report: &taskq::ShutdownReport,
+    report: &tasq::ShutdownReport,
 ) {
     // Every accepted task reached exactly one terminal state, and every wait returns.
     let outcomes: HashMap<TaskId, (Job, Outcome<u64>, Option<TaskId>)> = submitted

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use taskq::{CancelReason, CancelToken, HandlerError, Outcome, Pool, TaskHandle, TaskType};
+use tasq::{CancelReason, CancelToken, HandlerError, Outcome, Pool, TaskHandle, TaskType};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use taskq::{HandlerError, Pool, TaskType};
+use tasq::{HandlerError, Pool, TaskType};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -1,4 +1,4 @@
-//! What the benches share: taskq and the pools it is compared with behind one adapter, the probe
+//! What the benches share: tasq and the pools it is compared with behind one adapter, the probe
 //! every task reports to, and the workloads, each returning the figures it measured.
 //!
 //! Every pool runs the same work: a task that counts down (throughput, deep queue), a task that
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use scheduled_thread_pool::{OnPoolDropBehavior, ScheduledThreadPool};
-use taskq::{HandlerError, TaskType};
+use tasq::{HandlerError, TaskType};
 
 // ===== the probe =====
 
@@ -133,7 +133,7 @@ fn nanos(d: Duration) -> i64 {
 
 // ===== the pools =====
 
-/// taskq's task types: a unit payload that counts down; a stamp (slot, instant); a gate.
+/// tasq's task types: a unit payload that counts down; a stamp (slot, instant); a gate.
 pub const COUNT: TaskType<(), ()> = TaskType::new("count");
 pub const STAMP: TaskType<(u32, Instant), ()> = TaskType::new("stamp");
 pub const GATE: TaskType<(), ()> = TaskType::new("gate");
@@ -141,7 +141,7 @@ pub const GATE: TaskType<(), ()> = TaskType::new("gate");
 /// The pools measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    Taskq,
+    Tasq,
     ThreadPool,
     Rayon,
     Channel,
@@ -150,7 +150,7 @@ pub enum Kind {
 
 impl Kind {
     pub const ALL: [Kind; 5] = [
-        Kind::Taskq,
+        Kind::Tasq,
         Kind::ThreadPool,
         Kind::Rayon,
         Kind::Channel,
@@ -159,7 +159,7 @@ impl Kind {
 
     pub fn name(self) -> &'static str {
         match self {
-            Kind::Taskq => "taskq",
+            Kind::Tasq => "tasq",
             Kind::ThreadPool => "threadpool",
             Kind::Rayon => "rayon",
             Kind::Channel => "crossbeam-channel",
@@ -167,9 +167,9 @@ impl Kind {
         }
     }
 
-    /// Whether the pool can run a task at a given time (taskq, scheduled-thread-pool).
+    /// Whether the pool can run a task at a given time (tasq, scheduled-thread-pool).
     pub fn delays(self) -> bool {
-        matches!(self, Kind::Taskq | Kind::Scheduled)
+        matches!(self, Kind::Tasq | Kind::Scheduled)
     }
 }
 
@@ -224,7 +224,7 @@ impl Drop for ChannelPool {
 
 /// One pool of any kind, running the probe's tasks.
 pub enum Pool {
-    Taskq(taskq::Pool),
+    Tasq(tasq::Pool),
     ThreadPool(threadpool::ThreadPool),
     Rayon(rayon::ThreadPool),
     Channel(ChannelPool),
@@ -235,8 +235,8 @@ impl Pool {
     /// Starts a pool of `kind` with `workers` threads named after `name`.
     pub fn new(kind: Kind, workers: usize, name: &str) -> Pool {
         match kind {
-            Kind::Taskq => Pool::Taskq(
-                taskq::Pool::builder()
+            Kind::Tasq => Pool::Tasq(
+                tasq::Pool::builder()
                     .workers(workers)
                     .thread_name(name)
                     .register(COUNT, |_, _: &()| {
@@ -252,7 +252,7 @@ impl Pool {
                         Ok::<_, HandlerError>(())
                     })
                     .build()
-                    .expect("build a taskq pool"),
+                    .expect("build a tasq pool"),
             ),
             Kind::ThreadPool => {
                 Pool::ThreadPool(threadpool::ThreadPool::with_name(name.to_owned(), workers))
@@ -278,11 +278,11 @@ impl Pool {
         }
     }
 
-    /// Runs `job` on a peer (not taskq: its tasks are typed).
+    /// Runs `job` on a peer (not tasq: its tasks are typed).
     #[inline]
     fn execute(&self, job: impl FnOnce() + Send + 'static) {
         match self {
-            Pool::Taskq(_) => unreachable!("taskq runs typed tasks"),
+            Pool::Tasq(_) => unreachable!("tasq runs typed tasks"),
             Pool::ThreadPool(pool) => pool.execute(job),
             Pool::Rayon(pool) => pool.spawn(job),
             Pool::Channel(pool) => pool.execute(job),
@@ -296,7 +296,7 @@ impl Pool {
     #[inline]
     pub fn count(&self) {
         match self {
-            Pool::Taskq(pool) => {
+            Pool::Tasq(pool) => {
                 pool.submit(COUNT.task(())).expect("submit");
             }
             _ => self.execute(|| PROBE.count()),
@@ -307,7 +307,7 @@ impl Pool {
     #[inline]
     pub fn stamp(&self, index: u32, since: Instant) {
         match self {
-            Pool::Taskq(pool) => {
+            Pool::Tasq(pool) => {
                 pool.submit(STAMP.task((index, since))).expect("submit");
             }
             _ => self.execute(move || PROBE.stamp(index, since)),
@@ -318,7 +318,7 @@ impl Pool {
     pub fn stamp_after(&self, index: u32, delay: Duration) {
         let at = Instant::now() + delay;
         match self {
-            Pool::Taskq(pool) => {
+            Pool::Tasq(pool) => {
                 pool.submit(STAMP.task((index, at)).run_at(at))
                     .expect("submit");
             }
@@ -327,28 +327,28 @@ impl Pool {
             Pool::Scheduled(pool) => {
                 pool.execute_after(delay, move || PROBE.stamp(index, at));
             }
-            _ => unreachable!("only taskq and scheduled-thread-pool delay tasks"),
+            _ => unreachable!("only tasq and scheduled-thread-pool delay tasks"),
         }
     }
 
-    /// Submits one counting task (a unit payload for taskq, a closure capturing nothing for the
+    /// Submits one counting task (a unit payload for tasq, a closure capturing nothing for the
     /// peers) due `delay` from now.
     pub fn count_after(&self, delay: Duration) {
         match self {
-            Pool::Taskq(pool) => {
+            Pool::Tasq(pool) => {
                 pool.submit(COUNT.task(()).delay(delay)).expect("submit");
             }
             Pool::Scheduled(pool) => {
                 pool.execute_after(delay, || PROBE.count());
             }
-            _ => unreachable!("only taskq and scheduled-thread-pool delay tasks"),
+            _ => unreachable!("only tasq and scheduled-thread-pool delay tasks"),
         }
     }
 
     /// Submits a task that holds its worker until the probe's gate opens.
     pub fn gate(&self) {
         match self {
-            Pool::Taskq(pool) => {
+            Pool::Tasq(pool) => {
                 pool.submit(GATE.task(())).expect("submit");
             }
             _ => self.execute(|| PROBE.hold()),
@@ -358,7 +358,7 @@ impl Pool {
     /// Stops the pool and, where the pool allows it, waits for its threads.
     pub fn close(self) {
         match self {
-            Pool::Taskq(pool) => {
+            Pool::Tasq(pool) => {
                 pool.shutdown(Duration::from_secs(10));
             }
             Pool::ThreadPool(pool) => pool.join(),

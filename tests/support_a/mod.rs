@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use taskq::{Context, HandlerError, Outcome, Pool, TaskHandle, TaskType};
+use tasq::{Context, HandlerError, Outcome, Pool, TaskHandle, TaskType};
 
 /// How long a test waits for something that should happen at once before it fails instead of
 /// hanging. Never slept: only a bound on waits for signals.

@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use taskq::{HandlerError, Outcome, Pool, SubmitErrorKind, TaskType};
+use tasq::{HandlerError, Outcome, Pool, SubmitErrorKind, TaskType};
 
 /// How long a test waits for something that should happen at once before it fails instead of
 /// hanging.
@@ -154,7 +154,7 @@ pub fn assert_threads_gone(prefix: &str) {
 
 /// The outcome once the task has finished; fails the test if it has not finished yet.
 #[track_caller]
-pub fn finished<O: Clone + Debug + 'static>(handle: &taskq::TaskHandle<O>) -> Outcome<O> {
+pub fn finished<O: Clone + Debug + 'static>(handle: &tasq::TaskHandle<O>) -> Outcome<O> {
     handle
         .try_wait()
         .unwrap_or_else(|| panic!("{:?} has not finished ({})", handle.id(), handle.status()))
@@ -162,7 +162,7 @@ pub fn finished<O: Clone + Debug + 'static>(handle: &taskq::TaskHandle<O>) -> Ou
 
 /// The outcome, waiting at most [`WAIT`].
 #[track_caller]
-pub fn wait<O: Clone + Debug + 'static>(handle: &taskq::TaskHandle<O>) -> Outcome<O> {
+pub fn wait<O: Clone + Debug + 'static>(handle: &tasq::TaskHandle<O>) -> Outcome<O> {
     handle
         .wait_timeout(WAIT)
         .unwrap_or_else(|| panic!("{:?} did not finish within {WAIT:?}", handle.id()))
