@@ -99,12 +99,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     // The outage is over: run the /reports fetch again, as a new task with fresh attempts.
     reports_up.store(true, Ordering::SeqCst);
     let old = handles[1].id(); // the /reports fetch
-    let new = pool.resubmit(old)?;
-    let handle = pool.handle(FETCH, new).ok_or("task forgotten")?;
+    let handle = pool.resubmit(FETCH, old)?;
     let Outcome::Succeeded(body) = handle.wait() else {
         panic!("the resubmitted fetch should succeed once the outage is over");
     };
-    println!("resubmitted {old} as {new} after the fix: {body}");
+    println!("resubmitted {old} as {} after the fix: {body}", handle.id());
     let left = pool.dead_letters().len();
     assert_eq!(left, 2, "a resubmitted dead letter leaves the list");
     Ok(())

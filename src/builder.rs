@@ -30,6 +30,7 @@ use crate::worker;
 /// # let _ = options;
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
+#[must_use = "options do nothing until passed to `Builder::register_with`"]
 pub struct TypeOptions {
     max_attempts: Option<u32>,
     retry: Option<RetryPolicy>,
@@ -106,6 +107,7 @@ struct Pending {
 /// assert_eq!(pool.submit(UPLOAD.task(vec![1, 2, 3]))?.wait().succeeded(), Some(3));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder {
     workers: Option<usize>,
     max_attempts: u32,
@@ -138,6 +140,7 @@ impl Builder {
             retention: Retention {
                 max_count: 10_000,
                 max_age: Some(Duration::from_secs(3600)),
+                max_dead_letters: 10_000,
             },
             clock: Clock::System,
             seed: None,
@@ -290,7 +293,40 @@ impl Builder {
     /// # let _ = builder;
     /// ```
     pub fn retention(mut self, max_count: usize, max_age: Option<Duration>) -> Self {
-        self.retention = Retention { max_count, max_age };
+        self.retention.max_count = max_count;
+        self.retention.max_age = max_age;
+        self
+    }
+
+    /// How many dead letters the pool keeps: each stays, whatever the
+    /// [`retention`](Builder::retention) of finished tasks, until it is taken
+    /// ([`Pool::take_dead_letter`]), resubmitted ([`Pool::resubmit`]) or purged
+    /// ([`Pool::purge_dead_letter`]); past this many, the oldest are dropped. Defaults to 10,000.
+    ///
+    /// [`Pool::take_dead_letter`]: crate::Pool::take_dead_letter
+    /// [`Pool::resubmit`]: crate::Pool::resubmit
+    /// [`Pool::purge_dead_letter`]: crate::Pool::purge_dead_letter
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const BAD: TaskType<u32, ()> = TaskType::new("bad");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .retention(0, None) // forget finished tasks at once…
+    ///     .dead_letter_limit(2) // …but keep the last two dead letters
+    ///     .register(BAD, |_, _: &u32| Err::<(), _>(HandlerError::permanent("no")))
+    ///     .build()?;
+    /// for n in 0..3 {
+    ///     pool.submit(BAD.task(n))?.wait();
+    /// }
+    /// let kept: Vec<u32> = pool.dead_letters().iter().filter_map(|d| pool.take_dead_letter(BAD, d.id)).collect();
+    /// assert_eq!(kept, [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dead_letter_limit(mut self, max: usize) -> Self {
+        self.retention.max_dead_letters = max;
         self
     }
 
@@ -368,7 +404,8 @@ impl Builder {
     /// # Errors
     ///
     /// [`BuildError::ZeroWorkers`], [`BuildError::DuplicateType`],
-    /// [`BuildError::ZeroMaxAttempts`], [`BuildError::DurationOverflow`] (a retry cap), or
+    /// [`BuildError::ZeroMaxAttempts`], [`BuildError::DurationOverflow`] (a retry cap),
+    /// [`BuildError::InvalidThreadName`] (a NUL byte in the name), or
     /// [`BuildError::Spawn`] if a thread could not be started (the threads already started are
     /// stopped first).
     ///
@@ -397,6 +434,9 @@ impl Builder {
             return Err(BuildError::ZeroMaxAttempts(None));
         }
         check_cap(&self.retry)?;
+        if self.thread_name.contains('\0') {
+            return Err(BuildError::InvalidThreadName(self.thread_name));
+        }
         let mut registry = Registry::default();
         for Pending { mut entry, options } in self.pending {
             entry.max_attempts = options.max_attempts.unwrap_or(self.max_attempts);
@@ -416,6 +456,7 @@ impl Builder {
             self.retention,
             workers,
             self.seed,
+            next_pool_id(),
         ));
         let sleeper: sync::Weak<Shared> = Arc::downgrade(&shared);
         shared.clock().register(sleeper);
@@ -427,7 +468,7 @@ impl Builder {
             let spawned = sync::spawn(name, self.stack_size, move || {
                 let _exit = ExitGuard(&worker_shared);
                 let mut rng = worker_shared.worker_rng(index);
-                worker::run(&*worker_shared, &mut rng);
+                worker::supervise(&worker_shared, &mut rng);
             });
             match spawned {
                 Ok(handle) => handles.push(handle),
@@ -450,6 +491,12 @@ impl Builder {
 }
 
 /// The retry cap is added to the current time for every retry: it must not overflow.
+/// A new pool id, unique within the process (ids start at 1).
+fn next_pool_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 fn check_cap(policy: &RetryPolicy) -> Result<(), BuildError> {
     match Instant::now().checked_add(policy.cap()) {
         Some(_) => Ok(()),

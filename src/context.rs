@@ -1,10 +1,16 @@
-//! What a handler receives besides its payload: the task's id, the attempt number and the
-//! cancellation token.
+//! What a handler receives besides its payload: the task's id, the attempt number, the
+//! cancellation token, and its pool (to submit follow-up tasks).
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cancel::{CancelToken, Cancelled};
-use crate::task::TaskId;
+use crate::error::{CancelError, SubmitError};
+use crate::handle::TaskHandle;
+use crate::pool::CancelOutcome;
+use crate::store::memory::Shared;
+use crate::task::{Task, TaskId, TaskState, TaskType};
 
 /// The context a handler runs in.
 ///
@@ -30,27 +36,186 @@ use crate::task::TaskId;
 /// assert_eq!(pool.submit(FLAKY.task(()))?.wait().succeeded(), Some(3));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug)]
-pub struct Context {
+pub struct Context<'a> {
     id: TaskId,
     attempt: u32,
+    max_attempts: u32,
     task_type: &'static str,
     token: CancelToken,
+    shared: &'a Arc<Shared>,
 }
 
-impl Context {
+impl<'a> Context<'a> {
     pub(crate) fn new(
         id: TaskId,
         attempt: u32,
+        max_attempts: u32,
         task_type: &'static str,
         token: CancelToken,
+        shared: &'a Arc<Shared>,
     ) -> Self {
         Context {
             id,
             attempt,
+            max_attempts,
             task_type,
             token,
+            shared,
         }
+    }
+
+    /// How many attempts the task has in all (its type's limit).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), (u32, bool)> = TaskType::new("job");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .max_attempts(4)
+    ///     .register(JOB, |ctx, _: &()| Ok::<_, HandlerError>((ctx.max_attempts(), ctx.is_last_attempt())))
+    ///     .build()?;
+    /// assert_eq!(pool.submit(JOB.task(()))?.wait().succeeded(), Some((4, false)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Whether a retryable error from this attempt ends in the dead letters: no attempt is left.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const ONCE: TaskType<(), bool> = TaskType::new("once");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .max_attempts(1)
+    ///     .register(ONCE, |ctx, _: &()| Ok::<_, HandlerError>(ctx.is_last_attempt()))
+    ///     .build()?;
+    /// assert_eq!(pool.submit(ONCE.task(()))?.wait().succeeded(), Some(true));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempt >= self.max_attempts
+    }
+
+    /// Submits a follow-up task to this handler's pool, as [`Pool::submit`](crate::Pool::submit)
+    /// does. The most common job-queue pattern: a task that discovers more work.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::submit`](crate::Pool::submit); during shutdown,
+    /// [`ShutDown`](crate::SubmitErrorKind::ShutDown).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// // Counts down: each task submits the next.
+    /// const COUNTDOWN: TaskType<u32, ()> = TaskType::new("countdown");
+    /// let pool = Pool::builder()
+    ///     .workers(2)
+    ///     .register(COUNTDOWN, |ctx, n: &u32| {
+    ///         if *n > 0 {
+    ///             ctx.submit(COUNTDOWN.task(n - 1)).map_err(|e| HandlerError::permanent(e.to_string()))?;
+    ///         }
+    ///         Ok(())
+    ///     })
+    ///     .build()?;
+    /// pool.submit(COUNTDOWN.task(9))?;
+    /// pool.wait_empty(None)?;
+    /// assert_eq!(pool.stats().totals.succeeded, 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn submit<P, O>(&self, task: Task<P, O>) -> Result<TaskHandle<O>, SubmitError<Task<P, O>>>
+    where
+        P: Send + 'static,
+        O: Send + Sync + 'static,
+    {
+        self.shared.submit(task)
+    }
+
+    /// Cancels a task of this handler's pool, as [`Pool::cancel`](crate::Pool::cancel) does.
+    ///
+    /// # Errors
+    ///
+    /// [`CancelError::UnknownTask`] if the pool does not know the id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{CancelOutcome, HandlerError, Pool, TaskId, TaskType};
+    ///
+    /// const REMINDER: TaskType<(), ()> = TaskType::new("reminder");
+    /// const CANCEL: TaskType<TaskId, tasq::CancelOutcome> = TaskType::new("cancel");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(REMINDER, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .register(CANCEL, |ctx, id: &TaskId| ctx.cancel(*id).map_err(HandlerError::permanent))
+    ///     .build()?;
+    /// let reminder = pool.submit(REMINDER.task(()).delay(Duration::from_secs(3600)))?;
+    /// let outcome = pool.submit(CANCEL.task(reminder.id()))?.wait().into_result()?;
+    /// assert_eq!(outcome, CancelOutcome::Cancelled);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
+        self.shared.cancel(id)
+    }
+
+    /// A task's state in this handler's pool, if the pool still remembers it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskState, TaskType};
+    /// const SELF: TaskType<(), Option<TaskState>> = TaskType::new("self");
+    /// let pool = Pool::builder().workers(1).register(SELF, |ctx, _: &()| Ok::<_, HandlerError>(ctx.status(ctx.id()))).build()?;
+    /// assert_eq!(pool.submit(SELF.task(()))?.wait().succeeded(), Some(Some(TaskState::Running)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn status(&self, id: TaskId) -> Option<TaskState> {
+        self.shared.status(id)
+    }
+
+    /// A handle to a task of this handler's pool, as [`Pool::handle`](crate::Pool::handle)
+    /// gives. Reading a finished dependency's output is the usual use (with
+    /// [`try_wait`](TaskHandle::try_wait): a dependency has finished before its dependent runs).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskId, TaskType};
+    ///
+    /// const FETCH: TaskType<(), u32> = TaskType::new("fetch");
+    /// const SUM: TaskType<TaskId, u32> = TaskType::new("sum");
+    /// let pool = Pool::builder()
+    ///     .workers(2)
+    ///     .register(FETCH, |_, _: &()| Ok::<_, HandlerError>(20))
+    ///     .register(SUM, |ctx, fetch: &TaskId| {
+    ///         let fetched = ctx.handle(FETCH, *fetch).and_then(|h| h.try_wait()).and_then(|o| o.succeeded());
+    ///         Ok::<_, HandlerError>(fetched.unwrap_or(0) + 1)
+    ///     })
+    ///     .build()?;
+    /// let fetch = pool.submit(FETCH.task(()))?;
+    /// let sum = pool.submit(SUM.task(fetch.id()).after([&fetch]))?;
+    /// assert_eq!(sum.wait().succeeded(), Some(21));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn handle<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+        id: TaskId,
+    ) -> Option<TaskHandle<O>> {
+        self.shared.handle(ty, id)
     }
 
     /// Gives the token back to the worker, which may reuse it for its next task.
@@ -70,6 +235,7 @@ impl Context {
     /// assert_eq!(handle.wait().succeeded(), Some(handle.id()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn id(&self) -> TaskId {
         self.id
     }
@@ -85,6 +251,7 @@ impl Context {
     /// assert_eq!(pool.submit(ONCE.task(()))?.wait().succeeded(), Some(1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
@@ -100,6 +267,7 @@ impl Context {
     /// assert_eq!(pool.submit(NAMED.task(()))?.wait().succeeded().as_deref(), Some("named"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn task_type(&self) -> &'static str {
         self.task_type
     }
@@ -115,6 +283,7 @@ impl Context {
     /// assert_eq!(pool.submit(JOB.task(()))?.wait().succeeded(), Some(false));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn token(&self) -> &CancelToken {
         &self.token
     }
@@ -131,6 +300,7 @@ impl Context {
     /// assert_eq!(pool.submit(JOB.task(()))?.wait().succeeded(), Some(false));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn is_cancelled(&self) -> bool {
         self.token.is_cancelled()
     }
@@ -153,5 +323,17 @@ impl Context {
     /// ```
     pub fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
         self.token.sleep(duration)
+    }
+}
+
+impl fmt::Debug for Context<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("id", &self.id)
+            .field("attempt", &self.attempt)
+            .field("max_attempts", &self.max_attempts)
+            .field("task_type", &self.task_type)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
     }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::task::{TaskId, TaskState};
+use crate::task::{CancelReason, Failure, TaskId, TaskState};
 
 /// Why [`Builder::build`](crate::Builder::build) refused to build a pool.
 ///
@@ -30,6 +30,9 @@ pub enum BuildError {
     /// The operating system refused to start a worker thread.
     #[error("could not spawn a worker thread")]
     Spawn(#[source] std::io::Error),
+    /// The thread name prefix contains a NUL byte, which thread names cannot hold.
+    #[error("the thread name {0:?} contains a NUL byte")]
+    InvalidThreadName(String),
 }
 
 /// Why a submit was refused. It hands the task back: [`into_task`](SubmitError::into_task).
@@ -181,7 +184,10 @@ pub enum CancelError {
 /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
 /// let handle = pool.submit(JOB.task(()))?;
 /// handle.wait();
-/// assert_eq!(pool.resubmit(handle.id()), Err(ResubmitError::NotDeadLetter(handle.id(), TaskState::Succeeded)));
+/// assert_eq!(
+///     pool.resubmit(JOB, handle.id()).err(),
+///     Some(ResubmitError::NotDeadLetter(handle.id(), TaskState::Succeeded))
+/// );
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -200,7 +206,65 @@ pub enum ResubmitError {
     /// [`Pool::take_dead_letter`](crate::Pool::take_dead_letter).
     #[error("the payload of dead letter {0} was taken")]
     Taken(TaskId),
+    /// The dead letter is of another task type than the one given.
+    #[error("dead letter {0} is of another task type")]
+    TypeMismatch(TaskId),
+    /// Another task holds the dead letter's idempotency key now (the second id).
+    #[error("the idempotency key of dead letter {0} now belongs to {1}")]
+    KeyTaken(TaskId, TaskId),
     /// Shutdown has begun.
     #[error("the pool is shut down (or shutting down)")]
     ShutDown,
+}
+
+/// Why a task has no output: it failed or was cancelled. What
+/// [`Outcome::into_result`](crate::Outcome::into_result) returns as `Err`.
+///
+/// # Examples
+///
+/// ```
+/// use tasq::{HandlerError, Pool, TaskError, TaskType};
+/// const BAD: TaskType<(), ()> = TaskType::new("bad");
+/// let pool = Pool::builder().workers(1).register(BAD, |_, _: &()| Err::<(), _>(HandlerError::permanent("no"))).build()?;
+/// let err = pool.submit(BAD.task(()))?.wait().into_result().unwrap_err();
+/// assert!(matches!(err, TaskError::Failed(_)));
+/// assert_eq!(err.to_string(), "the task failed: permanent after 1 attempt(s): no");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TaskError {
+    /// The task failed; its dead letter has the details.
+    #[error("the task failed: {0}")]
+    Failed(#[source] Failure),
+    /// The task was cancelled.
+    #[error("the task was cancelled: {0}")]
+    Cancelled(#[source] CancelReason),
+}
+
+/// Why a wait for the pool ([`Pool::wait_empty`](crate::Pool::wait_empty),
+/// [`Pool::wait_idle_timeout`](crate::Pool::wait_idle_timeout)) returned before the pool got
+/// there.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tasq::{HandlerError, Pool, TaskType, WaitError};
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let _later = pool.submit(JOB.task(()).delay(Duration::from_secs(3600)))?;
+/// assert_eq!(pool.wait_empty(Some(Duration::from_millis(1))), Err(WaitError::TimedOut));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The timeout passed first.
+    #[error("timed out waiting for the pool")]
+    TimedOut,
+    /// Called from one of the pool's own handlers, whose task keeps the pool busy: the wait
+    /// could never end.
+    #[error("a handler cannot wait for its own pool to be idle or empty")]
+    FromHandler,
 }

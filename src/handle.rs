@@ -5,11 +5,12 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use crate::error::CancelError;
+use crate::error::{CancelError, TaskError};
 use crate::pool::CancelOutcome;
 use crate::store::memory::Shared;
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use crate::task::{CancelReason, Failure, TaskId, TaskState};
+use crate::worker;
 
 /// How a task ended.
 ///
@@ -51,6 +52,7 @@ impl<O> Outcome<O> {
     /// use tasq::{Outcome, TaskState};
     /// assert_eq!(Outcome::Succeeded(1).state(), TaskState::Succeeded);
     /// ```
+    #[must_use]
     pub fn state(&self) -> TaskState {
         match self {
             Outcome::Succeeded(_) => TaskState::Succeeded,
@@ -66,6 +68,7 @@ impl<O> Outcome<O> {
     /// ```
     /// assert_eq!(tasq::Outcome::Succeeded(7).succeeded(), Some(7));
     /// ```
+    #[must_use]
     pub fn succeeded(self) -> Option<O> {
         match self {
             Outcome::Succeeded(output) => Some(output),
@@ -80,6 +83,7 @@ impl<O> Outcome<O> {
     /// ```
     /// assert!(tasq::Outcome::Succeeded(()).is_succeeded());
     /// ```
+    #[must_use]
     pub fn is_succeeded(&self) -> bool {
         matches!(self, Outcome::Succeeded(_))
     }
@@ -92,6 +96,7 @@ impl<O> Outcome<O> {
     /// use tasq::{CancelReason, Outcome};
     /// assert!(!Outcome::<()>::Cancelled(CancelReason::Requested).is_failed());
     /// ```
+    #[must_use]
     pub fn is_failed(&self) -> bool {
         matches!(self, Outcome::Failed(_))
     }
@@ -104,8 +109,29 @@ impl<O> Outcome<O> {
     /// use tasq::{CancelReason, Outcome};
     /// assert!(Outcome::<()>::Cancelled(CancelReason::Shutdown).is_cancelled());
     /// ```
+    #[must_use]
     pub fn is_cancelled(&self) -> bool {
         matches!(self, Outcome::Cancelled(_))
+    }
+
+    /// The output as `Ok`, or why there is none as `Err`: for `?`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const DOUBLE: TaskType<u32, u32> = TaskType::new("double");
+    /// let pool = Pool::builder().workers(1).register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2)).build()?;
+    /// let doubled: u32 = pool.submit(DOUBLE.task(21))?.wait().into_result()?;
+    /// assert_eq!(doubled, 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn into_result(self) -> Result<O, TaskError> {
+        match self {
+            Outcome::Succeeded(output) => Ok(output),
+            Outcome::Failed(failure) => Err(TaskError::Failed(failure)),
+            Outcome::Cancelled(reason) => Err(TaskError::Cancelled(reason)),
+        }
     }
 }
 
@@ -121,7 +147,8 @@ impl<O: fmt::Display> fmt::Display for Outcome<O> {
 
 /// A task's outcome as the engine stores it: the output is type-erased until a handle reads it.
 pub(crate) enum Finished {
-    Succeeded(Box<dyn Any + Send + Sync>),
+    /// `None` once [`TaskHandle::join`] took the output.
+    Succeeded(Option<Box<dyn Any + Send + Sync>>),
     // Boxed: failures are rare, and every task's completion is as large as this enum.
     Failed(Box<Failure>),
     Cancelled(CancelReason),
@@ -165,10 +192,14 @@ impl Completion {
         self.cv.notify_all();
     }
 
-    fn read<O: Clone + 'static>(finished: &Finished) -> Outcome<O> {
+    /// The outcome, with a clone of the output (user code, run on the reader's thread under
+    /// this completion's lock only).
+    fn read<O: Clone + 'static>(finished: &Finished, id: TaskId) -> Outcome<O> {
         match finished {
             Finished::Succeeded(output) => Outcome::Succeeded(
                 output
+                    .as_ref()
+                    .unwrap_or_else(|| taken(id))
                     .downcast_ref::<O>()
                     .expect("output type checked at submit")
                     .clone(),
@@ -178,8 +209,28 @@ impl Completion {
         }
     }
 
-    fn state(&self) -> Option<TaskState> {
+    /// Blocks until the outcome is published, then moves it out (the output, if any, is taken
+    /// for good). Returns the output as a box, to be downcast outside the lock.
+    fn take(&self, id: TaskId) -> Outcome<Box<dyn Any + Send + Sync>> {
+        let mut outcome = self.outcome.lock();
+        loop {
+            match outcome.as_mut() {
+                Some(Finished::Succeeded(output)) => {
+                    return Outcome::Succeeded(output.take().unwrap_or_else(|| taken(id)));
+                }
+                Some(Finished::Failed(failure)) => return Outcome::Failed(Failure::clone(failure)),
+                Some(Finished::Cancelled(reason)) => return Outcome::Cancelled(*reason),
+                None => self.cv.wait(&mut outcome),
+            }
+        }
+    }
+
+    pub(crate) fn state(&self) -> Option<TaskState> {
         self.outcome.lock().as_ref().map(Finished::state)
+    }
+
+    pub(crate) fn is_published(&self) -> bool {
+        self.outcome.lock().is_some()
     }
 
     fn wait_state(&self) -> TaskState {
@@ -217,17 +268,60 @@ pub struct TaskHandle<O> {
     id: TaskId,
     completion: Arc<Completion>,
     pool: Weak<Shared>,
+    duplicate: bool,
     _output: PhantomData<fn() -> O>,
 }
 
 impl<O> TaskHandle<O> {
-    pub(crate) fn new(id: TaskId, completion: Arc<Completion>, pool: Weak<Shared>) -> Self {
+    pub(crate) fn new(
+        id: TaskId,
+        completion: Arc<Completion>,
+        pool: Weak<Shared>,
+        duplicate: bool,
+    ) -> Self {
         TaskHandle {
             id,
             completion,
             pool,
+            duplicate,
             _output: PhantomData,
         }
+    }
+
+    pub(crate) fn completion(&self) -> &Arc<Completion> {
+        &self.completion
+    }
+
+    /// Panics if the calling thread is running this task's handler: it would wait for itself.
+    fn refuse_self_wait(&self, what: &str) {
+        if worker::current_task() == Some(self.id) {
+            panic!(
+                "TaskHandle::{what} called from the handler of {} on its own task: it would never \
+                 return",
+                self.id
+            );
+        }
+    }
+
+    /// Whether the submit that returned this handle was deduplicated: its idempotency key
+    /// belonged to a task the pool already had, and this is that task's handle (its payload was
+    /// dropped). Clones keep the flag.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<u8, u8> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, n: &u8| Ok::<_, HandlerError>(*n)).build()?;
+    /// let first = pool.submit(JOB.task(1).key("report-2026-12"))?;
+    /// let again = pool.submit(JOB.task(2).key("report-2026-12"))?;
+    /// assert!(!first.is_duplicate() && again.is_duplicate());
+    /// assert_eq!(again.id(), first.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn is_duplicate(&self) -> bool {
+        self.duplicate
     }
 
     /// The task's id.
@@ -243,6 +337,7 @@ impl<O> TaskHandle<O> {
     /// assert_eq!(pool.info(handle.id()).map(|info| info.id), Some(handle.id()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn id(&self) -> TaskId {
         self.id
     }
@@ -260,6 +355,7 @@ impl<O> TaskHandle<O> {
     /// assert_eq!(handle.status(), TaskState::Succeeded);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn status(&self) -> TaskState {
         if let Some(state) = self.completion.state() {
             return state;
@@ -285,6 +381,7 @@ impl<O> TaskHandle<O> {
     /// assert!(handle.is_finished());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn is_finished(&self) -> bool {
         self.completion.state().is_some()
     }
@@ -315,8 +412,62 @@ impl<O> TaskHandle<O> {
     }
 }
 
+impl<O: 'static> TaskHandle<O> {
+    /// Blocks until the task reaches a terminal state, and returns its outcome, moving the
+    /// output out of the pool: no `Clone` needed. For outputs that cannot (or should not) be
+    /// cloned.
+    ///
+    /// # Panics
+    ///
+    /// If the output was already taken by `join` on another handle to the task, and, like
+    /// [`wait`](TaskHandle::wait), if called from the task's own handler. Later
+    /// [`wait`](TaskHandle::wait)s on other handles to a task whose output was taken panic too.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::fs::File;
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const OPEN: TaskType<(), File> = TaskType::new("open");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(OPEN, |_, _: &()| Ok::<_, HandlerError>(tempfile()?))
+    ///     .build()?;
+    /// let file: File = pool.submit(OPEN.task(()))?.join().into_result()?;
+    /// # fn tempfile() -> std::io::Result<File> { File::open(std::env::current_exe()?) }
+    /// # let _ = file;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn join(self) -> Outcome<O> {
+        self.refuse_self_wait("join");
+        match self.completion.take(self.id) {
+            Outcome::Succeeded(output) => Outcome::Succeeded(
+                *output
+                    .downcast::<O>()
+                    .unwrap_or_else(|_| unreachable!("output type checked at submit")),
+            ),
+            Outcome::Failed(failure) => Outcome::Failed(failure),
+            Outcome::Cancelled(reason) => Outcome::Cancelled(reason),
+        }
+    }
+}
+
 impl<O: Clone + 'static> TaskHandle<O> {
     /// Blocks until the task reaches a terminal state, and returns its outcome.
+    ///
+    /// # Waiting from a handler
+    ///
+    /// A handler that waits on another task of its own pool holds a worker while it waits: if
+    /// every worker waits so, or the task waited on is queued behind the waiting handler, the
+    /// wait lasts until the pool's shutdown deadline cancels what is queued. Express such an
+    /// order with [`Task::after`](crate::Task::after) instead. A handler waiting on its *own*
+    /// task can never return: that panics, failing the task with a message that says so.
+    ///
+    /// # Panics
+    ///
+    /// If called from the task's own handler, or if the output was taken by
+    /// [`join`](TaskHandle::join).
     ///
     /// # Examples
     ///
@@ -328,10 +479,11 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait(&self) -> Outcome<O> {
+        self.refuse_self_wait("wait");
         let mut outcome = self.completion.outcome.lock();
         loop {
             if let Some(finished) = outcome.as_ref() {
-                return Completion::read(finished);
+                return Completion::read(finished, self.id);
             }
             self.completion.cv.wait(&mut outcome);
         }
@@ -356,10 +508,11 @@ impl<O: Clone + 'static> TaskHandle<O> {
         let Some(deadline) = Instant::now().checked_add(timeout) else {
             return Some(self.wait());
         };
+        self.refuse_self_wait("wait_timeout");
         let mut outcome = self.completion.outcome.lock();
         loop {
             if let Some(finished) = outcome.as_ref() {
-                return Some(Completion::read(finished));
+                return Some(Completion::read(finished, self.id));
             }
             if Instant::now() >= deadline {
                 return None;
@@ -382,13 +535,19 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// assert_eq!(later.try_wait(), None);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn try_wait(&self) -> Option<Outcome<O>> {
         self.completion
             .outcome
             .lock()
             .as_ref()
-            .map(Completion::read)
+            .map(|finished| Completion::read(finished, self.id))
     }
+}
+
+/// The panic of a read after [`TaskHandle::join`] took the output.
+fn taken(id: TaskId) -> ! {
+    panic!("the output of {id} was already taken by TaskHandle::join")
 }
 
 impl<O> Clone for TaskHandle<O> {
@@ -397,6 +556,7 @@ impl<O> Clone for TaskHandle<O> {
             id: self.id,
             completion: Arc::clone(&self.completion),
             pool: Weak::clone(&self.pool),
+            duplicate: self.duplicate,
             _output: PhantomData,
         }
     }

@@ -74,12 +74,17 @@ pub use cancel::{CancelToken, Cancelled};
 pub use clock::ManualClock;
 pub use context::Context;
 pub use dead_letter::DeadLetter;
-pub use error::{BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind};
+pub use error::{
+    BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind, TaskError, WaitError,
+};
 pub use handle::{Outcome, TaskHandle};
 pub use pool::{CancelOutcome, Pool};
-pub use retry::{HandlerError, RetryPolicy};
+pub use retry::{HandlerError, ResultExt, RetryPolicy};
 pub use stats::{ShutdownReport, Stats, TaskInfo, Totals};
-pub use task::{CancelReason, Failure, FailureReason, Task, TaskId, TaskState, TaskType};
+pub use task::{
+    CancelReason, Dependency, Failure, FailureReason, ParseTaskIdError, Task, TaskId, TaskState,
+    TaskType,
+};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -1,17 +1,16 @@
 //! `Pool`: submit tasks, cancel them, read their state and the dead letters, shut down.
 
-use std::any::TypeId;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::builder::Builder;
 use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError, SubmitError, SubmitErrorKind};
-use crate::handle::{Completion, TaskHandle};
+use crate::error::{CancelError, ResubmitError, SubmitError, WaitError};
+use crate::handle::TaskHandle;
 use crate::stats::{ShutdownReport, Stats, TaskInfo};
-use crate::store::memory::{Effects, NewTask, Shared, deadline_after};
+use crate::store::memory::{Shared, deadline_after};
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
-use crate::task::{Start, Task, TaskId, TaskState, TaskType};
+use crate::task::{Task, TaskId, TaskState, TaskType};
 
 /// What [`Pool::cancel`] did.
 ///
@@ -136,102 +135,7 @@ impl Pool {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        if self.shared.is_closed() {
-            return Err(SubmitError::new(SubmitErrorKind::ShutDown, task));
-        }
-        let type_index = match self.type_index(task.ty) {
-            Ok(index) => index,
-            Err(kind) => return Err(SubmitError::new(kind, task)),
-        };
-        let now = self.shared.clock().now();
-        let run_at = match task.start {
-            Start::Now => Some(now),
-            Start::At(at) => Some(at),
-            Start::After(delay) => now.checked_add(delay),
-        };
-        let Some(run_at) = run_at.filter(|&at| at <= self.shared.latest_run_at()) else {
-            return Err(SubmitError::new(SubmitErrorKind::TimeOverflow, task));
-        };
-
-        // Allocated before taking the lock, to keep the critical section short.
-        let completion = Completion::new();
-        let mut effects = Effects::default();
-        let mut state = self.shared.lock();
-        if state.closed {
-            drop(state);
-            return Err(SubmitError::new(SubmitErrorKind::ShutDown, task));
-        }
-        if let Some(key) = &task.key {
-            if let Some((existing, existing_type, completion)) = state.find_key(key) {
-                drop(state);
-                if existing_type != type_index {
-                    let kind = SubmitErrorKind::KeyConflict {
-                        key: key.clone(),
-                        existing,
-                        existing_type: self.shared_type_name(existing_type),
-                    };
-                    return Err(SubmitError::new(kind, task));
-                }
-                // The duplicate's payload is dropped here, outside the lock.
-                return Ok(TaskHandle::new(
-                    existing,
-                    completion,
-                    Arc::downgrade(&self.shared),
-                ));
-            }
-        }
-        if let Some(unknown) = state.unknown_dependency(&task.dependencies) {
-            drop(state);
-            return Err(SubmitError::new(
-                SubmitErrorKind::UnknownDependency(unknown),
-                task,
-            ));
-        }
-        let Task {
-            payload,
-            priority,
-            dependencies,
-            key,
-            ..
-        } = task;
-        let new = NewTask {
-            type_index,
-            payload: Box::new(payload),
-            priority,
-            run_at,
-            dependencies,
-            key,
-        };
-        let (id, completion) = state.insert(new, completion, now, &mut effects);
-        self.shared.notify(&mut state, &effects);
-        drop(state);
-        effects.apply();
-        Ok(TaskHandle::new(
-            id,
-            completion,
-            Arc::downgrade(&self.shared),
-        ))
-    }
-
-    fn type_index<P: 'static, O: 'static>(
-        &self,
-        ty: TaskType<P, O>,
-    ) -> Result<u32, SubmitErrorKind> {
-        let registry = crate::store::Store::registry(&*self.shared);
-        let index = registry
-            .index_of(ty.name())
-            .ok_or(SubmitErrorKind::UnknownType(ty.name()))?;
-        let entry = registry.entry(index);
-        if entry.payload != TypeId::of::<P>() || entry.output != TypeId::of::<O>() {
-            return Err(SubmitErrorKind::TypeMismatch(ty.name()));
-        }
-        Ok(index)
-    }
-
-    fn shared_type_name(&self, index: u32) -> &'static str {
-        crate::store::Store::registry(&*self.shared)
-            .entry(index)
-            .name
+        self.shared.submit(task)
     }
 
     /// Cancels a task. One that has not started (blocked, scheduled, ready, or waiting to retry)
@@ -274,6 +178,7 @@ impl Pool {
     /// assert_eq!(pool.status(handle.id()), Some(TaskState::Succeeded));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn status(&self, id: TaskId) -> Option<TaskState> {
         self.shared.status(id)
     }
@@ -291,6 +196,7 @@ impl Pool {
     /// assert_eq!(pool.info(handle.id()).unwrap().attempts, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn info(&self, id: TaskId) -> Option<TaskInfo> {
         self.shared.info(id)
     }
@@ -309,14 +215,28 @@ impl Pool {
     /// assert_eq!(again.wait().succeeded(), Some(9));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn handle<P: 'static, O: 'static>(
         &self,
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<TaskHandle<O>> {
-        let type_index = self.type_index(ty).ok()?;
-        let (index, completion) = self.shared.lock().completion_of(id)?;
-        (index == type_index).then(|| TaskHandle::new(id, completion, Arc::downgrade(&self.shared)))
+        self.shared.handle(ty, id)
+    }
+
+    /// This pool's id: the first half of every [`TaskId`] it gives, unique within the process.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let a = tasq::Pool::builder().workers(1).build()?;
+    /// let b = tasq::Pool::builder().workers(1).build()?;
+    /// assert_ne!(a.id(), b.id());
+    /// # Ok::<(), tasq::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.shared.pool_id()
     }
 
     /// Blocks until no task is ready or running and none is due: everything left waits for a
@@ -325,7 +245,13 @@ impl Pool {
     /// Made for tests on a [`ManualClock`](crate::ManualClock): advance the clock, wait until
     /// the pool has done everything that became due, then look at the outcome. With tasks
     /// submitted from other threads meanwhile, the pool may be busy again by the time this
-    /// returns.
+    /// returns. To wait until nothing at all is left, delayed tasks included, use
+    /// [`wait_empty`](Pool::wait_empty).
+    ///
+    /// # Panics
+    ///
+    /// If called from one of this pool's handlers: that handler's own task is running, so the
+    /// pool never becomes idle for it.
     ///
     /// # Examples
     ///
@@ -349,7 +275,77 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait_idle(&self) {
-        self.shared.wait_idle();
+        if self.wait_idle_timeout(None) == Err(WaitError::FromHandler) {
+            panic!(
+                "Pool::wait_idle called from one of the pool's own handlers: it would never return"
+            );
+        }
+    }
+
+    /// Like [`wait_idle`](Pool::wait_idle), with a timeout on the pool's clock (`None` waits as
+    /// long as it takes).
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::TimedOut`], or [`WaitError::FromHandler`] if called from one of this pool's
+    /// handlers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let job = pool.submit(JOB.task(()))?;
+    /// pool.wait_idle_timeout(Some(Duration::from_secs(10)))?;
+    /// assert!(job.is_finished());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_idle_timeout(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
+        let deadline = timeout.and_then(|t| deadline_after(self.shared.clock(), t));
+        self.shared
+            .wait_until_done(deadline, |state, now| state.is_idle(now))
+    }
+
+    /// Blocks until the pool has nothing left: no task blocked, scheduled (delayed or waiting
+    /// to retry), ready or running. Unlike [`shutdown`](Pool::shutdown) it does not close the
+    /// pool: submits go on being accepted, and what they add is waited for too. The timeout is on
+    /// the pool's clock; `None` waits as long as it takes.
+    ///
+    /// The way for a batch program to wait for all its work before it reads the results.
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::TimedOut`], or [`WaitError::FromHandler`] if called from one of this pool's
+    /// handlers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<u32, ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(2).register(JOB, |_, _: &u32| Ok::<_, HandlerError>(())).build()?;
+    /// for n in 0..100 {
+    ///     let delay = Duration::from_millis(u64::from(n % 3));
+    ///     drop(pool.submit(JOB.task(n).delay(delay))?);
+    /// }
+    /// pool.wait_empty(Some(Duration::from_secs(30)))?;
+    /// assert_eq!(pool.stats().totals.succeeded, 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_empty(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
+        let deadline = timeout.and_then(|t| deadline_after(self.shared.clock(), t));
+        self.shared
+            .wait_until_done(deadline, |state, _| state.outstanding() == 0)
+    }
+
+    /// Checks the engine's internal invariants (listed in `src/store/memory/state.rs`) and names
+    /// the first one broken. For the crate's own tests: it reads every task under the lock.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.shared.check_invariants()
     }
 
     /// A snapshot of the pool's counts.
@@ -362,11 +358,15 @@ impl Pool {
     /// assert_eq!((stats.workers, stats.ready, stats.running), (2, 0, 0));
     /// # Ok::<(), tasq::BuildError>(())
     /// ```
+    #[must_use]
     pub fn stats(&self) -> Stats {
         self.shared.stats()
     }
 
-    /// The dead letters the pool remembers, oldest id first.
+    /// Every dead letter, oldest id first: a copy of each. Dead letters stay until taken,
+    /// resubmitted or purged (up to [`Builder::dead_letter_limit`](crate::Builder::dead_letter_limit)),
+    /// whatever the retention of finished tasks. For many, read them a page at a time with
+    /// [`dead_letters_after`](Pool::dead_letters_after).
     ///
     /// # Examples
     ///
@@ -378,18 +378,98 @@ impl Pool {
     /// assert_eq!(pool.dead_letters()[0].failure.reason, FailureReason::Permanent);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[must_use]
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.shared.dead_letters()
+        self.shared.dead_letters(None, None, usize::MAX)
     }
 
-    /// Runs a dead letter again as a new task (same type, payload, priority and key; fresh
-    /// attempts; no dependencies, no delay). Returns the new task's id; use
-    /// [`handle`](Pool::handle) to wait on it. The dead letter leaves the list.
+    /// A page of dead letters: at most `limit`, oldest id first, starting after `after` (from
+    /// the first with `None`). Pass the last id of a page to get the next.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const BAD: TaskType<u32, ()> = TaskType::new("bad");
+    /// let pool = Pool::builder().workers(1).register(BAD, |_, _: &u32| Err::<(), _>(HandlerError::permanent("no"))).build()?;
+    /// for n in 0..5 {
+    ///     pool.submit(BAD.task(n))?.wait();
+    /// }
+    /// let mut pages = Vec::new();
+    /// let mut after = None;
+    /// loop {
+    ///     let page = pool.dead_letters_after(after, 2);
+    ///     let Some(last) = page.last() else { break };
+    ///     after = Some(last.id);
+    ///     pages.push(page.len());
+    /// }
+    /// assert_eq!(pages, [2, 2, 1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn dead_letters_after(&self, after: Option<TaskId>, limit: usize) -> Vec<DeadLetter> {
+        self.shared.dead_letters(after, None, limit)
+    }
+
+    /// Like [`dead_letters_after`](Pool::dead_letters_after), only those of type `ty`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const BAD: TaskType<(), ()> = TaskType::new("bad");
+    /// const WORSE: TaskType<(), ()> = TaskType::new("worse");
+    /// let fail = |_: &tasq::Context<'_>, _: &()| Err::<(), _>(HandlerError::permanent("no"));
+    /// let pool = Pool::builder().workers(1).register(BAD, fail).register(WORSE, fail).build()?;
+    /// pool.submit(BAD.task(()))?.wait();
+    /// pool.submit(WORSE.task(()))?.wait();
+    /// let worse = pool.dead_letters_of(WORSE, None, 10);
+    /// assert_eq!(worse.len(), 1);
+    /// assert_eq!(worse[0].task_type, "worse");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn dead_letters_of<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Vec<DeadLetter> {
+        match self.shared.type_index(ty) {
+            Ok(index) => self.shared.dead_letters(after, Some(index), limit),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Removes a dead letter for good (its payload is dropped). Returns whether `id` was one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const BAD: TaskType<(), ()> = TaskType::new("bad");
+    /// let pool = Pool::builder().workers(1).register(BAD, |_, _: &()| Err::<(), _>(HandlerError::permanent("no"))).build()?;
+    /// let handle = pool.submit(BAD.task(()))?;
+    /// handle.wait();
+    /// assert!(pool.purge_dead_letter(handle.id()));
+    /// assert!(pool.dead_letters().is_empty());
+    /// assert!(!pool.purge_dead_letter(handle.id()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn purge_dead_letter(&self, id: TaskId) -> bool {
+        self.shared.purge_dead_letter(id)
+    }
+
+    /// Runs a dead letter of type `ty` again as a new task (same payload, priority and key;
+    /// fresh attempts; no dependencies, no delay), and returns the new task's handle. The dead
+    /// letter leaves the list; [`info`](Pool::info) of the old task names the new one.
     ///
     /// # Errors
     ///
     /// [`ResubmitError::UnknownTask`], [`ResubmitError::NotDeadLetter`],
-    /// [`ResubmitError::AlreadyResubmitted`] or [`ResubmitError::ShutDown`].
+    /// [`ResubmitError::AlreadyResubmitted`], [`ResubmitError::Taken`],
+    /// [`ResubmitError::TypeMismatch`], [`ResubmitError::KeyTaken`] (another task took its
+    /// idempotency key meanwhile) or [`ResubmitError::ShutDown`].
     ///
     /// # Examples
     ///
@@ -408,13 +488,17 @@ impl Pool {
     /// let first = pool.submit(FETCH.task(()))?;
     /// assert!(first.wait().is_failed());
     /// UP.store(true, Ordering::SeqCst);
-    /// let again = pool.resubmit(first.id())?;
-    /// assert!(pool.handle(FETCH, again).unwrap().wait().is_succeeded());
+    /// let again = pool.resubmit(FETCH, first.id())?;
+    /// assert!(again.wait().is_succeeded());
     /// assert!(pool.dead_letters().is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn resubmit(&self, id: TaskId) -> Result<TaskId, ResubmitError> {
-        self.shared.resubmit(id)
+    pub fn resubmit<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+        id: TaskId,
+    ) -> Result<TaskHandle<O>, ResubmitError> {
+        self.shared.resubmit(ty, id)
     }
 
     /// Takes a dead letter's payload out of the pool, to inspect it, store it elsewhere or
@@ -444,11 +528,7 @@ impl Pool {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<P> {
-        let type_index = self.type_index(ty).ok()?;
-        // Moved out under the lock; downcast (and, on a mismatch that cannot happen, dropped)
-        // outside it.
-        let payload = self.shared.lock().take_dead_letter(id, type_index)?;
-        payload.downcast::<P>().ok().map(|payload| *payload)
+        self.shared.take_dead_letter(ty, id)
     }
 
     /// Shuts the pool down gracefully and waits for its threads.
@@ -495,7 +575,7 @@ impl Pool {
         // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
         // (another handler may be in shutdown too, waiting for this one's thread).
         let from_handler = self.worker_ids.contains(&sync::current_thread_id());
-        let deadline_reached = self.shared.drain(from_handler, deadline);
+        let drained = self.shared.drain(from_handler, deadline);
         if !from_handler {
             let handles = std::mem::take(&mut *self.workers.lock());
             for handle in handles {
@@ -508,7 +588,9 @@ impl Pool {
             succeeded: totals.succeeded,
             failed: totals.failed,
             cancelled: totals.cancelled,
-            deadline_reached,
+            during: totals.since(drained.before),
+            deadline_reached: drained.deadline_reached,
+            interrupted: drained.interrupted,
             elapsed: started.elapsed(),
         }
     }

@@ -5,7 +5,8 @@ use std::error::Error;
 use std::fmt;
 use std::time::Duration;
 
-use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// How long a failed task waits before its next attempt: exponential backoff with full jitter.
 ///
@@ -90,20 +91,26 @@ impl RetryPolicy {
         bound.min(self.cap)
     }
 
-    /// Draws the delay before retry `retry` from `rng`: uniform in `[0, max_delay(retry)]`.
+    /// The delay before retry `retry` that the pool would draw from a generator seeded with
+    /// `seed`: uniform in `[0, max_delay(retry)]` over seeds. For tests and for seeing the
+    /// policy's spread; the pool draws its own (see [`Builder::seed`](crate::Builder::seed)).
     ///
     /// # Examples
     ///
     /// ```
-    /// use rand::SeedableRng;
     /// use std::time::Duration;
     ///
     /// let policy = tasq::RetryPolicy::default();
-    /// let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    /// let delay = policy.delay(4, &mut rng);
+    /// let delay = policy.delay(4, 7);
     /// assert!(delay <= Duration::from_millis(800));
+    /// assert_eq!(delay, policy.delay(4, 7));
     /// ```
-    pub fn delay<R: Rng + ?Sized>(&self, retry: u32, rng: &mut R) -> Duration {
+    pub fn delay(&self, retry: u32, seed: u64) -> Duration {
+        self.draw(retry, &mut SmallRng::seed_from_u64(seed))
+    }
+
+    /// Draws the delay before retry `retry` from `rng`.
+    pub(crate) fn draw<R: Rng + ?Sized>(&self, retry: u32, rng: &mut R) -> Duration {
         let bound = self.max_delay(retry).as_nanos();
         duration_from_nanos(rng.random_range(0..=bound))
     }
@@ -154,6 +161,7 @@ impl Default for RetryPolicy {
 pub struct HandlerError {
     error: Box<dyn Error + Send + Sync>,
     permanent: bool,
+    retry_after: Option<Duration>,
 }
 
 impl HandlerError {
@@ -169,6 +177,7 @@ impl HandlerError {
         HandlerError {
             error: error.into(),
             permanent: false,
+            retry_after: None,
         }
     }
 
@@ -184,6 +193,7 @@ impl HandlerError {
         HandlerError {
             error: error.into(),
             permanent: true,
+            retry_after: None,
         }
     }
 
@@ -209,6 +219,102 @@ impl HandlerError {
     pub fn source(&self) -> &(dyn Error + Send + Sync + 'static) {
         &*self.error
     }
+
+    /// The wrapped error, by value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let err = tasq::HandlerError::retryable("busy").into_source();
+    /// assert_eq!(err.to_string(), "busy");
+    /// ```
+    pub fn into_source(self) -> Box<dyn Error + Send + Sync> {
+        self.error
+    }
+
+    /// Asks for the retry after exactly `delay` instead of the policy's backoff (say, from an
+    /// HTTP `Retry-After` header). Only a retry uses it: a permanent error, or the last attempt,
+    /// still ends in the dead letters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, ManualClock, Pool, TaskState, TaskType};
+    ///
+    /// const CALL: TaskType<(), ()> = TaskType::new("call");
+    /// let clock = ManualClock::new();
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .manual_clock(clock.clone())
+    ///     .register(CALL, |ctx, _: &()| match ctx.attempt() {
+    ///         1 => Err(HandlerError::retryable("429 Too Many Requests").retry_after(Duration::from_secs(30))),
+    ///         _ => Ok(()),
+    ///     })
+    ///     .build()?;
+    /// let handle = pool.submit(CALL.task(()))?;
+    /// pool.wait_idle();
+    /// clock.advance(Duration::from_secs(29));
+    /// pool.wait_idle();
+    /// assert_eq!(handle.status(), TaskState::Scheduled);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(handle.wait().is_succeeded());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn retry_after(mut self, delay: Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
+    }
+
+    /// The delay asked for with [`retry_after`](HandlerError::retry_after).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let err = tasq::HandlerError::retryable("busy").retry_after(Duration::from_secs(2));
+    /// assert_eq!(err.requested_delay(), Some(Duration::from_secs(2)));
+    /// ```
+    pub fn requested_delay(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+/// `?` for errors that are not `std::error::Error` (an `anyhow::Error`, a `&str`, a `String`):
+/// mark them retryable or permanent where they occur.
+///
+/// `HandlerError` converts from any `std::error::Error` by itself, as retryable. Types such as
+/// `anyhow::Error` cannot have that conversion (Rust's coherence rules forbid it), but they all
+/// convert into `Box<dyn Error + Send + Sync>`, which is what this trait takes.
+///
+/// # Examples
+///
+/// ```
+/// use tasq::{HandlerError, ResultExt};
+///
+/// fn check(line: &str) -> Result<u32, HandlerError> {
+///     let field = line.split(';').nth(1).ok_or("no second field").permanent()?;
+///     let n = field.parse::<u32>().map_err(|e| e.to_string()).permanent()?;
+///     Ok(n)
+/// }
+/// assert_eq!(check("a;7").unwrap(), 7);
+/// assert!(check("a").unwrap_err().is_permanent());
+/// ```
+pub trait ResultExt<T> {
+    /// The error, if any, as a retryable [`HandlerError`].
+    fn retryable(self) -> Result<T, HandlerError>;
+    /// The error, if any, as a permanent [`HandlerError`].
+    fn permanent(self) -> Result<T, HandlerError>;
+}
+
+impl<T, E: Into<Box<dyn Error + Send + Sync>>> ResultExt<T> for Result<T, E> {
+    fn retryable(self) -> Result<T, HandlerError> {
+        self.map_err(HandlerError::retryable)
+    }
+
+    fn permanent(self) -> Result<T, HandlerError> {
+        self.map_err(HandlerError::permanent)
+    }
 }
 
 impl<E: Error + Send + Sync + 'static> From<E> for HandlerError {
@@ -228,6 +334,7 @@ impl fmt::Debug for HandlerError {
         f.debug_struct("HandlerError")
             .field("error", &self.error)
             .field("permanent", &self.permanent)
+            .field("retry_after", &self.retry_after)
             .finish()
     }
 }

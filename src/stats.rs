@@ -69,6 +69,10 @@ pub struct Totals {
     pub cancelled: u64,
     /// Retries scheduled.
     pub retried: u64,
+    /// Panics in the engine's own code that a worker survived (a bug: please report it). The
+    /// task the worker held ended failed. User code never counts here: its panics are caught
+    /// where it runs.
+    pub worker_panics: u64,
 }
 
 /// What the pool knows of one task.
@@ -122,7 +126,7 @@ pub struct TaskInfo {
 /// }
 /// let report = pool.shutdown(Duration::from_secs(10));
 /// assert_eq!(report.succeeded, 10);
-/// assert!(!report.deadline_reached);
+/// assert!(!report.deadline_reached && report.interrupted.is_empty());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,8 +138,28 @@ pub struct ShutdownReport {
     pub failed: u64,
     /// Tasks cancelled over the pool's life (those the deadline cancelled included).
     pub cancelled: u64,
+    /// What happened from the moment this shutdown closed the pool until it returned: the
+    /// tasks that finished during the drain, and those the deadline cancelled.
+    pub during: Totals,
     /// Whether the deadline passed before the pool drained.
     pub deadline_reached: bool,
+    /// The tasks still running when the drain ended (the deadline fired their tokens), with
+    /// their types' names, by id. Empty when the pool drained.
+    pub interrupted: Vec<(TaskId, &'static str)>,
     /// How long the shutdown took (real time).
     pub elapsed: Duration,
+}
+
+impl Totals {
+    /// What happened between `earlier` and `self`, counter by counter.
+    pub(crate) fn since(self, earlier: Totals) -> Totals {
+        Totals {
+            submitted: self.submitted - earlier.submitted,
+            succeeded: self.succeeded - earlier.succeeded,
+            failed: self.failed - earlier.failed,
+            cancelled: self.cancelled - earlier.cancelled,
+            retried: self.retried - earlier.retried,
+            worker_panics: self.worker_panics - earlier.worker_panics,
+        }
+    }
 }

@@ -13,6 +13,12 @@
 
 pub use std::sync::{Arc, Weak};
 
+/// Thread-locals: loom's under loom, whose threads share one OS thread.
+#[cfg(loom)]
+pub use loom::thread_local;
+#[cfg(not(loom))]
+pub use std::thread_local;
+
 #[cfg(not(loom))]
 pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 

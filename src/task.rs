@@ -1,29 +1,55 @@
 //! What gets submitted: task types, tasks, their ids and the states of a task's life.
 
+use std::error::Error;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::handle::{Completion, TaskHandle};
 use std::time::{Duration, Instant};
 
-/// The id a pool gives a task when it accepts it. Unique within one pool, increasing with
-/// submission order.
+/// The id a pool gives a task when it accepts it: the pool's own id and a sequence number,
+/// unique within that pool and increasing with submission order.
+///
+/// An id names its pool, so an id from another pool is refused (as unknown) instead of acting on
+/// an unrelated task of this one. Its text form, `task <pool>:<seq>`, parses back with
+/// [`str::parse`], so a program can store ids and read them back; [`from_parts`](TaskId::from_parts)
+/// builds one from its two numbers.
 ///
 /// # Examples
 ///
 /// ```
-/// use tasq::{HandlerError, Pool, TaskType};
+/// use tasq::{HandlerError, Pool, TaskId, TaskType};
 ///
 /// const NOOP: TaskType<(), ()> = TaskType::new("noop");
 /// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
 /// let first = pool.submit(NOOP.task(()))?.id();
 /// let second = pool.submit(NOOP.task(()))?.id();
 /// assert!(first < second);
+/// assert_eq!(first.to_string().parse::<TaskId>()?, first);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TaskId(pub(crate) u64);
+pub struct TaskId {
+    pool: u64,
+    seq: u64,
+}
 
 impl TaskId {
-    /// The id as a number.
+    /// The id of task `seq` of pool `pool`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let id = tasq::TaskId::from_parts(3, 7);
+    /// assert_eq!((id.pool(), id.seq()), (3, 7));
+    /// assert_eq!(id.to_string(), "task 3:7");
+    /// ```
+    pub const fn from_parts(pool: u64, seq: u64) -> Self {
+        TaskId { pool, seq }
+    }
+
+    /// The id of the pool that accepted the task (see [`Pool::id`](crate::Pool::id)).
     ///
     /// # Examples
     ///
@@ -32,19 +58,64 @@ impl TaskId {
     ///
     /// const NOOP: TaskType<(), ()> = TaskType::new("noop");
     /// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
-    /// assert_eq!(pool.submit(NOOP.task(()))?.id().as_u64(), 1);
+    /// assert_eq!(pool.submit(NOOP.task(()))?.id().pool(), pool.id());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn as_u64(self) -> u64 {
-        self.0
+    pub const fn pool(self) -> u64 {
+        self.pool
+    }
+
+    /// The task's number within its pool: 1 for the first task submitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const NOOP: TaskType<(), ()> = TaskType::new("noop");
+    /// let pool = Pool::builder().workers(1).register(NOOP, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// assert_eq!(pool.submit(NOOP.task(()))?.id().seq(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub const fn seq(self) -> u64 {
+        self.seq
     }
 }
 
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "task {}", self.0)
+        write!(f, "task {}:{}", self.pool, self.seq)
     }
 }
+
+impl std::str::FromStr for TaskId {
+    type Err = ParseTaskIdError;
+
+    /// Parses `task <pool>:<seq>` (what `Display` writes) or just `<pool>:<seq>`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let text = s.trim();
+        let text = text.strip_prefix("task ").unwrap_or(text);
+        let (pool, seq) = text
+            .split_once(':')
+            .ok_or_else(|| ParseTaskIdError(s.to_owned()))?;
+        match (pool.parse(), seq.parse()) {
+            (Ok(pool), Ok(seq)) => Ok(TaskId { pool, seq }),
+            _ => Err(ParseTaskIdError(s.to_owned())),
+        }
+    }
+}
+
+/// A string that is not a [`TaskId`]'s text form, `task <pool>:<seq>`.
+///
+/// # Examples
+///
+/// ```
+/// let err = "task seven".parse::<tasq::TaskId>().unwrap_err();
+/// assert_eq!(err.to_string(), "`task seven` is not a task id (expected `task <pool>:<seq>`)");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a task id (expected `task <pool>:<seq>`)")]
+pub struct ParseTaskIdError(String);
 
 /// A kind of task: its name, its payload type `P` and its handler's output type `O`.
 ///
@@ -155,12 +226,13 @@ pub(crate) enum Start {
 /// assert_eq!(second.wait().succeeded().as_deref(), Some("hello bob"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+#[must_use = "a task does nothing until submitted"]
 pub struct Task<P, O> {
     pub(crate) ty: TaskType<P, O>,
     pub(crate) payload: P,
     pub(crate) priority: u8,
     pub(crate) start: Start,
-    pub(crate) dependencies: Vec<TaskId>,
+    pub(crate) dependencies: Vec<Dependency>,
     pub(crate) key: Option<String>,
 }
 
@@ -239,6 +311,11 @@ impl<P, O> Task<P, O> {
     /// Runs the task only after every task in `dependencies` has succeeded. If one fails or is
     /// cancelled, this task ends cancelled. Adds to earlier calls.
     ///
+    /// Each dependency is a [`TaskId`] or a [`TaskHandle`] (by reference or by value). A handle
+    /// is better where it is at hand: a dependency that has succeeded and that retention has
+    /// since made the pool forget is refused as unknown when given by id, but accepted as
+    /// satisfied when its handle shows it succeeded.
+    ///
     /// A task's outcome is published before its dependents can start, so a dependent's handler
     /// can read a dependency's output from its handle (passed in the payload) with
     /// [`TaskHandle::try_wait`](crate::TaskHandle::try_wait), without waiting.
@@ -252,11 +329,13 @@ impl<P, O> Task<P, O> {
     /// let pool = Pool::builder().workers(2).register(STEP, |_, n: &u8| Ok::<_, HandlerError>(*n)).build()?;
     /// let fetch = pool.submit(STEP.task(1))?;
     /// let parse = pool.submit(STEP.task(2).after([fetch.id()]))?;
-    /// assert_eq!(parse.wait().succeeded(), Some(2));
+    /// let report = pool.submit(STEP.task(3).after([&fetch, &parse]))?;
+    /// assert_eq!(report.wait().succeeded(), Some(3));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn after(mut self, dependencies: impl IntoIterator<Item = TaskId>) -> Self {
-        self.dependencies.extend(dependencies);
+    pub fn after<D: Into<Dependency>>(mut self, dependencies: impl IntoIterator<Item = D>) -> Self {
+        self.dependencies
+            .extend(dependencies.into_iter().map(Into::into));
         self
     }
 
@@ -426,6 +505,75 @@ impl fmt::Display for FailureReason {
     }
 }
 
+/// A task another task waits for: made from a [`TaskId`] or a [`TaskHandle`], for
+/// [`Task::after`].
+///
+/// # Examples
+///
+/// ```
+/// use tasq::{Dependency, TaskId};
+///
+/// let id = TaskId::from_parts(1, 7);
+/// assert_eq!(Dependency::from(id).id(), id);
+/// ```
+#[derive(Clone)]
+pub struct Dependency {
+    pub(crate) id: TaskId,
+    /// Set when made from a handle: says whether the task succeeded after the pool forgot it.
+    completion: Option<Arc<Completion>>,
+}
+
+impl Dependency {
+    /// The task depended on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let id = tasq::TaskId::from_parts(2, 3);
+    /// assert_eq!(tasq::Dependency::from(id).id(), id);
+    /// ```
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// Whether a handle to the task showed it succeeded.
+    pub(crate) fn succeeded(&self) -> bool {
+        self.completion
+            .as_ref()
+            .is_some_and(|c| c.state() == Some(TaskState::Succeeded))
+    }
+}
+
+impl From<TaskId> for Dependency {
+    fn from(id: TaskId) -> Self {
+        Dependency {
+            id,
+            completion: None,
+        }
+    }
+}
+
+impl<O> From<&TaskHandle<O>> for Dependency {
+    fn from(handle: &TaskHandle<O>) -> Self {
+        Dependency {
+            id: handle.id(),
+            completion: Some(Arc::clone(handle.completion())),
+        }
+    }
+}
+
+impl<O> From<TaskHandle<O>> for Dependency {
+    fn from(handle: TaskHandle<O>) -> Self {
+        Dependency::from(&handle)
+    }
+}
+
+impl fmt::Debug for Dependency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.id, f)
+    }
+}
+
 /// Why a task was cancelled.
 ///
 /// # Examples
@@ -479,7 +627,7 @@ impl fmt::Display for CancelReason {
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Failure {
     /// Why the task failed.
@@ -488,6 +636,45 @@ pub struct Failure {
     pub attempts: u32,
     /// The last error's message (the panic message for a panic).
     pub error: String,
+    /// The handler's error itself, for [`Error::source`] and downcasting.
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl Failure {
+    pub(crate) fn new(
+        reason: FailureReason,
+        attempts: u32,
+        error: String,
+        source: Option<Arc<dyn Error + Send + Sync>>,
+    ) -> Self {
+        Failure {
+            reason,
+            attempts,
+            error,
+            source,
+        }
+    }
+
+    /// The error the handler returned (`None` for a panic), to downcast to its own type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::num::ParseIntError;
+    /// use tasq::{HandlerError, Outcome, Pool, TaskType};
+    ///
+    /// const PARSE: TaskType<String, u32> = TaskType::new("parse");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(PARSE, |_, s: &String| s.parse::<u32>().map_err(HandlerError::permanent))
+    ///     .build()?;
+    /// let Outcome::Failed(failure) = pool.submit(PARSE.task("x".into()))?.wait() else { panic!() };
+    /// assert!(failure.handler_error().unwrap().downcast_ref::<ParseIntError>().is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn handler_error(&self) -> Option<&(dyn Error + Send + Sync + 'static)> {
+        self.source.as_deref()
+    }
 }
 
 impl fmt::Display for Failure {
@@ -499,3 +686,31 @@ impl fmt::Display for Failure {
         )
     }
 }
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Failure")
+            .field("reason", &self.reason)
+            .field("attempts", &self.attempts)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two failures are equal when their reasons, attempts and messages are: the handler's error is
+/// not compared.
+impl PartialEq for Failure {
+    fn eq(&self, other: &Self) -> bool {
+        (self.reason, self.attempts, &self.error) == (other.reason, other.attempts, &other.error)
+    }
+}
+
+impl Eq for Failure {}
+
+impl Error for Failure {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+impl Error for CancelReason {}

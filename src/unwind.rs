@@ -1,26 +1,46 @@
-//! The one place that catches panics: a handler's panic becomes a permanent failure.
+//! The one place that catches panics: a handler's panic becomes a permanent failure, and every
+//! other piece of user code the engine runs (a `Display`, a `Drop`) is run here too, so that no
+//! user panic can take a worker thread or the pool's lock with it.
+//!
+//! Why `AssertUnwindSafe` is sound in each of these: the closures touch no engine state. A
+//! handler sees only its own payload and context; a `Drop` or `Display` sees only its own value.
+//! Whatever the user's value was left in after a panic is either dropped or never read again.
 
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
 
-/// Runs `f`, turning a panic into `Err(message)`.
-///
-/// `AssertUnwindSafe` is sound here because nothing `f` may have left half-updated is looked at
-/// after a panic: the closure borrows only the task's payload (returned to the engine unchanged in
-/// type, and dead-lettered, never run again automatically) and the context. The engine's own state
-/// is never borrowed across the call; the pool lock is not held while user code runs.
+/// Runs `f`, turning a panic into its message.
 pub(crate) fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
-    panic::catch_unwind(AssertUnwindSafe(f)).map_err(|payload| message(&*payload))
+    panic::catch_unwind(AssertUnwindSafe(f)).map_err(into_message)
 }
 
-/// The panic's message, when it was a string (as `panic!` makes), or a placeholder.
-fn message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
+/// Drops `value` (user code: its `Drop`), swallowing a panic. The panic hook has already
+/// reported it; the pool has nobody else to report it to.
+pub(crate) fn drop_quietly<T>(value: T) {
+    if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(move || drop(value))) {
+        drop_payload(payload);
+    }
+}
+
+/// A panic's message, with the payload dropped safely.
+fn into_message(payload: Box<dyn Any + Send>) -> String {
+    let message = if let Some(s) = payload.downcast_ref::<&'static str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
         s.clone()
     } else {
         "a panic with a non-string payload".to_owned()
+    };
+    drop_payload(payload);
+    message
+}
+
+/// Drops a panic payload, whose `Drop` is user code that may panic in turn (`panic_any` takes any
+/// type). A payload that panics while being dropped is dropped once more inside a
+/// `catch_unwind`; a payload of *that* panic is leaked rather than risk an endless chain.
+fn drop_payload(payload: Box<dyn Any + Send>) {
+    if let Err(second) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(second);
     }
 }
 
@@ -39,5 +59,22 @@ mod tests {
             Err::<(), _>("a panic with a non-string payload".to_owned())
         );
         assert_eq!(catch(|| 3), Ok(3));
+    }
+
+    struct Bomb;
+
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("bomb dropped");
+        }
+    }
+
+    #[test]
+    fn a_payload_that_panics_when_dropped_is_contained() {
+        assert_eq!(
+            catch(|| std::panic::panic_any(Bomb)),
+            Err::<(), _>("a panic with a non-string payload".to_owned())
+        );
+        drop_quietly(Bomb);
     }
 }

@@ -1,55 +1,126 @@
 //! A worker thread's loop: claim a task, run its handler (never under the lock), classify the
-//! result, complete the task.
+//! result, complete the task. And the supervision that keeps a worker alive whatever happens.
 
-use std::any::Any;
+use std::cell::Cell;
+use std::sync::Arc;
 
 use rand::Rng;
 
 use crate::context::Context;
 use crate::registry::Entry;
-use crate::retry::HandlerError;
-use crate::store::{RunOutcome, Store};
-use crate::task::FailureReason;
+use crate::store::memory::Shared;
+use crate::store::{Claim, RunOutcome, Store};
+use crate::task::{Failure, FailureReason, TaskId};
 use crate::unwind;
 
-/// Runs tasks from `store` until it says to stop.
-pub(crate) fn run<S: Store + ?Sized, R: Rng>(store: &S, rng: &mut R) {
-    let mut next = store.claim(None);
-    while let Some(claim) = next {
-        let entry = store.registry().entry(claim.type_index);
-        let ctx = Context::new(claim.id, claim.attempt, entry.name, claim.token.clone());
-        let result = unwind::catch(|| (entry.handler)(&ctx, &*claim.payload));
-        let token = ctx.into_token();
-        let outcome = classify(result, claim.attempt, entry, rng);
-        next = store.complete_and_claim(claim, outcome, token);
+crate::sync::thread_local! {
+    /// The task whose handler this thread is running, if any.
+    static CURRENT: Cell<Option<TaskId>> = const { Cell::new(None) };
+}
+
+/// The task whose handler the calling thread is running (`None` outside handlers).
+pub(crate) fn current_task() -> Option<TaskId> {
+    CURRENT.with(Cell::get)
+}
+
+/// Marks the calling thread as running `id`'s handler until dropped.
+struct Running;
+
+impl Running {
+    fn enter(id: TaskId) -> Running {
+        CURRENT.with(|c| c.set(Some(id)));
+        Running
     }
 }
 
-/// Turns a handler's result into what the store records: success, a retry after a drawn
-/// backoff, or a dead letter (a permanent error, a panic, or the last attempt failing).
-fn classify<R: Rng>(
-    result: Result<Result<Box<dyn Any + Send + Sync>, HandlerError>, String>,
-    attempt: u32,
-    entry: &Entry,
-    rng: &mut R,
-) -> RunOutcome {
-    match result {
-        Ok(Ok(output)) => RunOutcome::Succeeded(output),
-        Ok(Err(error)) if error.is_permanent() => RunOutcome::Failed {
-            reason: FailureReason::Permanent,
-            error: error.to_string(),
-        },
-        Ok(Err(error)) if attempt >= entry.max_attempts => RunOutcome::Failed {
-            reason: FailureReason::Exhausted,
-            error: error.to_string(),
-        },
-        Ok(Err(error)) => RunOutcome::Retry {
-            delay: entry.retry.delay(attempt, rng),
-            error: error.to_string(),
-        },
-        Err(panic_message) => RunOutcome::Failed {
-            reason: FailureReason::Panicked,
-            error: panic_message,
-        },
+impl Drop for Running {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(None));
     }
+}
+
+/// A worker thread's body: runs tasks until the pool says to stop.
+///
+/// User code cannot unwind out of [`run`]: every piece of it runs inside `catch_unwind`. A panic
+/// that still escapes is the engine's own bug; the worker does not die of it: the task it held
+/// ends failed (so every wait on it returns), the pool counts the panic in
+/// [`Totals::worker_panics`](crate::Totals::worker_panics), and the worker starts its loop again.
+pub(crate) fn supervise<R: Rng>(shared: &Arc<Shared>, rng: &mut R) {
+    let held = Cell::new(None);
+    loop {
+        match unwind::catch(|| run(shared, rng, &held)) {
+            Ok(()) => return,
+            Err(message) => {
+                let message = format!("the worker running this task panicked: {message}");
+                shared.worker_panicked(held.take(), message);
+            }
+        }
+    }
+}
+
+/// Runs tasks from `shared` until it says to stop. `held` names the claimed task at every
+/// moment, for [`supervise`].
+fn run<R: Rng>(shared: &Arc<Shared>, rng: &mut R, held: &Cell<Option<TaskId>>) {
+    let mut next = shared.claim(None);
+    while let Some(claim) = next {
+        held.set(Some(claim.id));
+        let entry = shared.registry().entry(claim.type_index);
+        let ctx = Context::new(
+            claim.id,
+            claim.attempt,
+            entry.max_attempts,
+            entry.name,
+            claim.token.clone(),
+            shared,
+        );
+        let outcome = {
+            let _running = Running::enter(claim.id);
+            run_handler(entry, &ctx, &claim, rng)
+        };
+        let token = ctx.into_token();
+        next = shared.complete_and_claim(claim, outcome, token);
+        held.set(next.as_ref().map(|c| c.id));
+    }
+}
+
+/// Runs the handler and turns its result into what the store records: success, a retry after a
+/// drawn backoff (or the delay the handler asked for), or a dead letter (a permanent error, a
+/// panic, or the last attempt failing). Every piece of user code here (the handler, the error's
+/// `Display` and `Drop`, a panic's payload) runs inside `catch_unwind`.
+fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mut R) -> RunOutcome {
+    let result = match unwind::catch(|| (entry.handler)(ctx, &*claim.payload)) {
+        Ok(result) => result,
+        Err(panic_message) => {
+            return RunOutcome::Failed(Failure::new(
+                FailureReason::Panicked,
+                claim.attempt,
+                panic_message,
+                None,
+            ));
+        }
+    };
+    let error = match result {
+        Ok(output) => return RunOutcome::Succeeded(output),
+        Err(error) => error,
+    };
+    let text = unwind::catch(|| error.to_string())
+        .unwrap_or_else(|panic| format!("(the error's Display panicked: {panic})"));
+    let reason = if error.is_permanent() {
+        FailureReason::Permanent
+    } else if claim.attempt >= entry.max_attempts {
+        FailureReason::Exhausted
+    } else {
+        let delay = error
+            .requested_delay()
+            .unwrap_or_else(|| entry.retry.draw(claim.attempt, rng));
+        unwind::drop_quietly(error);
+        return RunOutcome::Retry { delay, error: text };
+    };
+    let source = error.into_source();
+    RunOutcome::Failed(Failure::new(
+        reason,
+        claim.attempt,
+        text,
+        Some(source.into()),
+    ))
 }

@@ -203,7 +203,7 @@ fn a_blocked_task_is_cancelled_at_once_and_its_parent_is_untouched() {
 
     f.clock.advance(Duration::from_secs(60));
     assert_eq!(wait(&parent), Outcome::Succeeded(1));
-    f.pool.shutdown(Duration::from_secs(60));
+    let _ = f.pool.shutdown(Duration::from_secs(60));
     assert_eq!(f.ran(), vec![1], "the cancelled child ran");
 }
 
@@ -349,7 +349,7 @@ fn cancelling_an_id_the_pool_does_not_know_is_an_error() {
         })
         .last()
         .unwrap();
-    f.pool.submit(JOB.task(1)).unwrap();
+    let _ = f.pool.submit(JOB.task(1)).unwrap();
     assert_eq!(
         f.pool.cancel(foreign),
         Err(CancelError::UnknownTask(foreign))
@@ -418,6 +418,6 @@ fn dependents_of_a_cancelled_running_task_end_cancelled_when_it_returns() {
         wait(&grandchild),
         Outcome::Cancelled(CancelReason::DependencyCancelled(child.id()))
     );
-    f.pool.shutdown(Duration::from_secs(60));
+    let _ = f.pool.shutdown(Duration::from_secs(60));
     assert_eq!(f.ran(), Vec::<u32>::new());
 }

@@ -131,9 +131,11 @@ fn a_resubmitted_dead_letter_runs_again_once() {
     assert_eq!(pool.dead_letters().len(), 1);
 
     fixed.store(true, Ordering::SeqCst);
-    let again = pool.resubmit(first.id()).expect("resubmit the dead letter");
+    let handle = pool
+        .resubmit(JOB, first.id())
+        .expect("resubmit the dead letter");
+    let again = handle.id();
     assert_ne!(again, first.id(), "a resubmit is a new task");
-    let handle = pool.handle(JOB, again).expect("the new task is known");
     assert_eq!(finish(&handle), Outcome::Succeeded(7));
     let info = pool.info(again).unwrap();
     assert_eq!(
@@ -151,18 +153,18 @@ fn a_resubmitted_dead_letter_runs_again_once() {
     assert_eq!(first.status(), TaskState::Failed);
 
     assert_eq!(
-        pool.resubmit(first.id()),
-        Err(ResubmitError::AlreadyResubmitted(first.id(), again))
+        pool.resubmit(JOB, first.id()).err(),
+        Some(ResubmitError::AlreadyResubmitted(first.id(), again))
     );
     assert_eq!(
-        pool.resubmit(again),
-        Err(ResubmitError::NotDeadLetter(again, TaskState::Succeeded))
+        pool.resubmit(JOB, again).err(),
+        Some(ResubmitError::NotDeadLetter(again, TaskState::Succeeded))
     );
     let ok = pool.submit(JOB.task((8, Behaviour::Succeed))).unwrap();
     finish(&ok);
     assert_eq!(
-        pool.resubmit(ok.id()),
-        Err(ResubmitError::NotDeadLetter(ok.id(), TaskState::Succeeded))
+        pool.resubmit(JOB, ok.id()).err(),
+        Some(ResubmitError::NotDeadLetter(ok.id(), TaskState::Succeeded))
     );
     assert_eq!(pool.stats().totals.submitted, 3);
 }
@@ -172,8 +174,8 @@ fn a_resubmitted_dead_letter_that_fails_again_is_a_new_dead_letter() {
     let pool = pool(1, Arc::default());
     let first = pool.submit(JOB.task((4, Behaviour::Panic))).unwrap();
     assert!(finish(&first).is_failed());
-    let again = pool.resubmit(first.id()).unwrap();
-    let handle = pool.handle(JOB, again).unwrap();
+    let handle = pool.resubmit(JOB, first.id()).unwrap();
+    let again = handle.id();
     assert!(finish(&handle).is_failed());
     let ids: Vec<_> = pool.dead_letters().iter().map(|d| d.id).collect();
     assert_eq!(ids, vec![again]);
@@ -279,7 +281,7 @@ fn a_dead_letter_s_payload_can_be_taken_once() {
     assert_eq!(pool.status(bad.id()), Some(tasq::TaskState::Failed));
     assert_eq!(pool.take_dead_letter(ROW, bad.id()), None);
     assert_eq!(
-        pool.resubmit(bad.id()),
-        Err(tasq::ResubmitError::Taken(bad.id()))
+        pool.resubmit(ROW, bad.id()).err(),
+        Some(tasq::ResubmitError::Taken(bad.id()))
     );
 }

@@ -35,7 +35,7 @@ fn sixteen_threads_submitting_one_key_at_once_make_one_task() {
     let pool = Arc::new(pool);
     // Hold the worker, so the task cannot start, let alone finish, while the submits race.
     let (gate, gate_task) = gate();
-    pool.submit(GATE.task(gate_task)).unwrap();
+    let _ = pool.submit(GATE.task(gate_task)).unwrap();
     gate.wait_started();
 
     let start = Arc::new(Barrier::new(THREADS));
@@ -126,7 +126,7 @@ fn a_key_stays_taken_until_its_task_is_the_oldest_beyond_retention() {
 fn a_key_of_an_unfinished_task_is_deduplicated_whatever_its_state() {
     let (pool, runs) = pool(1, Some(0));
     let (gate, gate_task) = gate();
-    pool.submit(GATE.task(gate_task)).unwrap();
+    let _ = pool.submit(GATE.task(gate_task)).unwrap();
     gate.wait_started();
     // Ready, behind the gate: retention 0 does not touch unfinished tasks.
     let queued = pool.submit(CHARGE.task(1).key("k")).unwrap();

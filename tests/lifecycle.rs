@@ -63,14 +63,14 @@ fn blocked_becomes_ready_when_its_dependency_succeeds() {
     let clock = ManualClock::new();
     let pool = pool(&clock);
     let (first_gate, first_task) = gate();
-    pool.submit(GATE.task(first_task)).unwrap();
+    let _ = pool.submit(GATE.task(first_task)).unwrap();
     first_gate.wait_started();
 
     // With the worker held: the dependency runs first (priority 10), then a second gate
     // (priority 5) holds the worker again, leaving the dependent (priority 0) ready.
     let dependency = pool.submit(NOOP.task(()).priority(10)).unwrap();
     let (second_gate, second_task) = gate();
-    pool.submit(GATE.task(second_task).priority(5)).unwrap();
+    let _ = pool.submit(GATE.task(second_task).priority(5)).unwrap();
     let dependent = pool.submit(NOOP.task(()).after([dependency.id()])).unwrap();
     assert_eq!(dependency.status(), TaskState::Ready);
     assert_eq!(dependent.status(), TaskState::Blocked);
@@ -107,11 +107,11 @@ fn scheduled_becomes_ready_when_the_clock_reaches_its_run_at() {
     // worker then promotes the due task and claims the second gate (a higher priority), which
     // leaves the task ready.
     let (first_gate, first_task) = gate();
-    pool.submit(GATE.task(first_task)).unwrap();
+    let _ = pool.submit(GATE.task(first_task)).unwrap();
     first_gate.wait_started();
     clock.advance(Duration::from_nanos(1));
     let (second_gate, second_task) = gate();
-    pool.submit(GATE.task(second_task).priority(1)).unwrap();
+    let _ = pool.submit(GATE.task(second_task).priority(1)).unwrap();
     first_gate.open();
     second_gate.wait_started();
     let info = pool.info(delayed.id()).unwrap();
@@ -145,7 +145,7 @@ fn ready_becomes_running_while_its_handler_runs_then_succeeded() {
     let clock = ManualClock::new();
     let pool = pool(&clock);
     let (first_gate, first_task) = gate();
-    pool.submit(GATE.task(first_task)).unwrap();
+    let _ = pool.submit(GATE.task(first_task)).unwrap();
     first_gate.wait_started();
 
     let (gate, gate_task) = gate();
@@ -233,7 +233,7 @@ fn every_thread_waiting_on_one_handle_gets_the_outcome() {
     let clock = ManualClock::new();
     let pool = pool(&clock);
     let (gate, gate_task) = gate();
-    pool.submit(GATE.task(gate_task)).unwrap();
+    let _ = pool.submit(GATE.task(gate_task)).unwrap();
     gate.wait_started();
     let handle = pool.submit(ECHO.task("shared output".to_owned())).unwrap();
 

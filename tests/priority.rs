@@ -97,7 +97,7 @@ fn equal_priorities_run_in_submission_order() {
     let clock = ManualClock::new();
     let (pool, log) = recording_pool(&clock);
     let (gate, gate_task) = gate();
-    pool.submit(GATE.task(gate_task)).unwrap();
+    let _ = pool.submit(GATE.task(gate_task)).unwrap();
     gate.wait_started();
 
     let handles: Vec<_> = (0..50)
@@ -121,7 +121,7 @@ fn a_task_submitted_later_with_a_higher_priority_overtakes_the_queue() {
     let clock = ManualClock::new();
     let (pool, log) = recording_pool(&clock);
     let (gate, gate_task) = gate();
-    pool.submit(GATE.task(gate_task)).unwrap();
+    let _ = pool.submit(GATE.task(gate_task)).unwrap();
     gate.wait_started();
 
     let mut handles: Vec<_> = (0..10)

@@ -163,7 +163,7 @@ impl Recorder {
     }
 
     fn shard(&self, id: TaskId) -> &Mutex<HashMap<TaskId, Runs>> {
-        &self.shards[(id.as_u64() % 64) as usize]
+        &self.shards[(id.seq() % 64) as usize]
     }
 
     fn start(&self, id: TaskId, attempt: u32) {

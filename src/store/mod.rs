@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::cancel::CancelToken;
 use crate::registry::Registry;
-use crate::task::{FailureReason, TaskId};
+use crate::task::{Failure, TaskId};
 
 pub(crate) mod memory;
 
@@ -32,11 +32,8 @@ pub(crate) enum RunOutcome {
         delay: Duration,
         error: String,
     },
-    /// A dead letter.
-    Failed {
-        reason: FailureReason,
-        error: String,
-    },
+    /// A dead letter (the store fills in the attempts).
+    Failed(Failure),
 }
 
 /// Where tasks wait, as the worker runtime sees it.

@@ -52,6 +52,7 @@
 mod queue;
 mod record;
 mod state;
+mod submit;
 
 use std::time::{Duration, Instant};
 
@@ -61,10 +62,14 @@ use rand::rngs::SmallRng;
 pub(crate) use record::Effects;
 pub(crate) use state::{NewTask, Retention, State};
 
+/// A task's number within its pool: what the embedded store keys its records and queues by
+/// (the public [`TaskId`] adds the pool's id).
+pub(crate) type Seq = u64;
+
 use crate::cancel::CancelToken;
 use crate::clock::{Clock, Wake};
 use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError};
+use crate::error::{CancelError, WaitError};
 use crate::pool::CancelOutcome;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals};
@@ -94,6 +99,7 @@ pub(crate) struct Shared {
     clock: Clock,
     seed: Option<u64>,
     latest_run_at: Instant,
+    pool_id: u64,
 }
 
 impl Shared {
@@ -103,13 +109,15 @@ impl Shared {
         retention: Retention,
         workers: usize,
         seed: Option<u64>,
+        pool_id: u64,
     ) -> Self {
         let epoch = clock.now();
         // An Instant that far out always exists (Instants are at least 64-bit seconds).
         let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
         Shared {
             latest_run_at,
-            state: Mutex::new(State::new(retention, workers, epoch)),
+            state: Mutex::new(State::new(retention, workers, epoch, pool_id)),
+            pool_id,
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
@@ -126,6 +134,11 @@ impl Shared {
     /// The latest due time the delayed heap can represent (64-bit nanoseconds after the start).
     pub(crate) fn latest_run_at(&self) -> Instant {
         self.latest_run_at
+    }
+
+    /// This pool's id, the first half of its task ids.
+    pub(crate) fn pool_id(&self) -> u64 {
+        self.pool_id
     }
 
     pub(crate) fn clock(&self) -> &Clock {
@@ -245,10 +258,6 @@ impl Shared {
         })
     }
 
-    pub(crate) fn resubmit(&self, id: TaskId) -> Result<TaskId, ResubmitError> {
-        self.transition(|state, now, effects| state.resubmit(id, now, effects))
-    }
-
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
         self.state.lock().status(id)
     }
@@ -262,8 +271,33 @@ impl Shared {
         self.state.lock().stats(now)
     }
 
-    pub(crate) fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.state.lock().dead_letters(&self.registry)
+    pub(crate) fn dead_letters(
+        &self,
+        after: Option<TaskId>,
+        type_index: Option<u32>,
+        limit: usize,
+    ) -> Vec<DeadLetter> {
+        self.state
+            .lock()
+            .dead_letters(&self.registry, after, type_index, limit)
+    }
+
+    pub(crate) fn purge_dead_letter(&self, id: TaskId) -> bool {
+        self.transition(|state, _, effects| state.purge_dead_letter(id, effects))
+    }
+
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        self.state.lock().check_invariants()
+    }
+
+    /// A worker's loop panicked while it held `held` (see `worker::supervise`).
+    pub(crate) fn worker_panicked(&self, held: Option<TaskId>, message: String) {
+        self.transition(|state, now, effects| {
+            state.count_worker_panic();
+            if let Some(id) = held {
+                state.abandon(id, message, now, effects);
+            }
+        });
     }
 
     /// Closes the pool to new tasks (idempotent). Returns the lock.
@@ -279,12 +313,13 @@ impl Shared {
     /// Closes the pool, lets the workers drain it until nothing can make progress any more (see
     /// [`State::drained`]) or `deadline` passes (on the pool's clock; `None` waits for the drain
     /// however long it takes), then stops it: whatever is left is cancelled and running handlers
-    /// see their tokens fire. Returns whether the deadline was reached.
+    /// see their tokens fire.
     ///
     /// `from_handler`: the caller is one of the pool's handlers, whose own task cannot finish
     /// while it waits here.
-    pub(crate) fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> bool {
+    pub(crate) fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained {
         let mut state = self.close();
+        let before = state.totals();
         if from_handler {
             state.handlers_in_shutdown += 1;
         }
@@ -296,8 +331,15 @@ impl Shared {
             }
             self.clock.wait_until(&self.done_cv, &mut state, deadline);
         }
-        self.stop(state);
-        deadline_reached
+        let running = self.stop(state);
+        Drained {
+            deadline_reached,
+            before,
+            interrupted: running
+                .into_iter()
+                .map(|(id, index)| (id, self.registry.entry(index).name))
+                .collect(),
+        }
     }
 
     /// Stops the pool at once (used when it is dropped): cancels every task that has not started
@@ -307,13 +349,14 @@ impl Shared {
     }
 
     /// Stops the pool (`State::stop`), wakes everyone, and drops what it cancelled once the lock
-    /// is released.
-    fn stop(&self, mut state: MutexGuard<'_, State>) {
+    /// is released. Returns the tasks still running, with their type indexes.
+    fn stop(&self, mut state: MutexGuard<'_, State>) -> Vec<(TaskId, u32)> {
         let mut effects = Effects::default();
-        state.stop(self.clock.now(), &mut effects);
+        let running = state.stop(self.clock.now(), &mut effects);
         self.wake_all();
         drop(state);
         effects.apply();
+        running
     }
 
     /// Waits until every worker has left its loop, except those whose handlers are themselves
@@ -331,11 +374,26 @@ impl Shared {
         state.totals()
     }
 
-    /// Blocks until the pool is idle (see `State::is_idle`).
-    pub(crate) fn wait_idle(&self) {
+    /// Blocks until `done(state, now)` holds or `deadline` (on the pool's clock) passes. Refused
+    /// from the pool's own handlers: their tasks are running, so the pool is never done for them.
+    pub(crate) fn wait_until_done(
+        &self,
+        deadline: Option<Instant>,
+        done: impl Fn(&mut State, Instant) -> bool,
+    ) -> Result<(), WaitError> {
+        if crate::worker::current_task().is_some_and(|id| id.pool() == self.pool_id) {
+            return Err(WaitError::FromHandler);
+        }
         let mut state = self.state.lock();
-        while !state.is_idle(self.clock.now()) {
-            self.done_cv.wait(&mut state);
+        loop {
+            let now = self.clock.now();
+            if done(&mut state, now) {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(WaitError::TimedOut);
+            }
+            self.clock.wait_until(&self.done_cv, &mut state, deadline);
         }
     }
 
@@ -490,6 +548,15 @@ impl std::fmt::Debug for Shared {
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
+}
+
+/// What a shutdown's drain did.
+pub(crate) struct Drained {
+    pub(crate) deadline_reached: bool,
+    /// The totals when the pool closed.
+    pub(crate) before: Totals,
+    /// The tasks still running when the drain ended, with their types' names.
+    pub(crate) interrupted: Vec<(TaskId, &'static str)>,
 }
 
 /// Converts a timeout into a deadline on `clock`; `None` if it cannot be represented (wait

@@ -9,7 +9,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::task::TaskId;
+use super::Seq;
 
 /// Ready tasks: strictly higher priority first, first-in first-out within a priority.
 ///
@@ -19,7 +19,7 @@ use crate::task::TaskId;
 /// each priority at its bucket's front.
 pub(crate) struct ReadyQueue {
     /// One queue per priority, allocated on first use; may hold stale entries (see module docs).
-    buckets: Vec<VecDeque<TaskId>>,
+    buckets: Vec<VecDeque<Seq>>,
     /// Live (not cancelled) entries per priority.
     live: Box<[u32; 256]>,
     /// Bit `p` is set iff `live[p] > 0`.
@@ -38,7 +38,6 @@ impl ReadyQueue {
     }
 
     /// Live entries in all priorities.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -48,7 +47,7 @@ impl ReadyQueue {
         self.len == 0
     }
 
-    pub(crate) fn push(&mut self, priority: u8, id: TaskId) {
+    pub(crate) fn push(&mut self, priority: u8, id: Seq) {
         let p = usize::from(priority);
         self.buckets[p].push_back(id);
         self.live[p] += 1;
@@ -68,7 +67,7 @@ impl ReadyQueue {
     }
 
     /// Removes and returns the highest-priority, oldest live entry.
-    pub(crate) fn pop(&mut self, is_live: impl Fn(TaskId) -> bool) -> Option<TaskId> {
+    pub(crate) fn pop(&mut self, is_live: impl Fn(Seq) -> bool) -> Option<Seq> {
         let p = self.highest()?;
         let bucket = &mut self.buckets[p];
         loop {
@@ -88,7 +87,7 @@ impl ReadyQueue {
 
     /// The oldest live entry of each non-empty priority, highest priority first, with its depth.
     /// Drops stale entries found at the fronts.
-    pub(crate) fn fronts(&mut self, is_live: impl Fn(TaskId) -> bool) -> Vec<(u8, usize, TaskId)> {
+    pub(crate) fn fronts(&mut self, is_live: impl Fn(Seq) -> bool) -> Vec<(u8, usize, Seq)> {
         let mut out = Vec::new();
         for p in (0..256usize).rev() {
             if self.live[p] == 0 {
@@ -131,7 +130,7 @@ impl ReadyQueue {
 #[derive(PartialEq, Eq)]
 struct DelayedEntry {
     at: Stamp,
-    id: TaskId,
+    id: Seq,
 }
 
 impl Ord for DelayedEntry {
@@ -182,14 +181,14 @@ impl DelayedQueue {
     }
 
     /// Adds an entry; returns whether it is now the earliest (a sleeping timer must re-check).
-    pub(crate) fn push(&mut self, at: Stamp, id: TaskId) -> bool {
+    pub(crate) fn push(&mut self, at: Stamp, id: Seq) -> bool {
         let earliest = self.heap.peek().is_none_or(|Reverse(top)| at < top.at);
         self.heap.push(Reverse(DelayedEntry { at, id }));
         earliest
     }
 
     /// The earliest due time among live entries, dropping stale entries from the top.
-    pub(crate) fn earliest(&mut self, is_live: impl Fn(TaskId) -> bool) -> Option<Instant> {
+    pub(crate) fn earliest(&mut self, is_live: impl Fn(Seq) -> bool) -> Option<Instant> {
         while let Some(Reverse(top)) = self.heap.peek() {
             if is_live(top.id) {
                 return Some(self.epoch.instant(top.at));
@@ -204,7 +203,7 @@ impl DelayedQueue {
 
     /// Removes and returns the earliest entry if it is due at `now` (live or stale: the caller
     /// checks).
-    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<TaskId> {
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<Seq> {
         let now = self.epoch.stamp(now);
         match self.heap.peek() {
             Some(Reverse(top)) if top.at <= now => self.heap.pop().map(|Reverse(e)| e.id),
@@ -226,11 +225,9 @@ mod tests {
     fn ready_is_priority_then_fifo() {
         let mut q = ReadyQueue::new();
         for (i, p) in [0u8, 5, 5, 255, 0, 64, 63].into_iter().enumerate() {
-            q.push(p, TaskId(i as u64));
+            q.push(p, i as Seq);
         }
-        let order: Vec<u64> = std::iter::from_fn(|| q.pop(|_| true))
-            .map(|id| id.0)
-            .collect();
+        let order: Vec<Seq> = std::iter::from_fn(|| q.pop(|_| true)).collect();
         assert_eq!(order, vec![3, 5, 6, 1, 2, 0, 4]);
         assert!(q.is_empty());
     }
@@ -238,11 +235,11 @@ mod tests {
     #[test]
     fn ready_skips_forgotten_entries() {
         let mut q = ReadyQueue::new();
-        q.push(1, TaskId(1));
-        q.push(1, TaskId(2));
+        q.push(1, 1);
+        q.push(1, 2);
         q.forget(1); // task 1 was cancelled
         assert_eq!(q.len(), 1);
-        assert_eq!(q.pop(|id| id != TaskId(1)), Some(TaskId(2)));
+        assert_eq!(q.pop(|id| id != 1), Some(2));
         assert_eq!(q.pop(|_| true), None);
     }
 
@@ -252,12 +249,12 @@ mod tests {
         let epoch = Epoch(t0);
         let mut q = DelayedQueue::new(epoch);
         let at = |secs| epoch.stamp(t0 + Duration::from_secs(secs));
-        assert!(q.push(at(2), TaskId(1)));
-        assert!(q.push(at(1), TaskId(2)));
-        assert!(!q.push(at(1), TaskId(3)));
+        assert!(q.push(at(2), 1));
+        assert!(q.push(at(1), 2));
+        assert!(!q.push(at(1), 3));
         assert_eq!(q.earliest(|_| true), Some(t0 + Duration::from_secs(1)));
         assert_eq!(q.pop_due(t0), None);
         let due: Vec<_> = std::iter::from_fn(|| q.pop_due(t0 + Duration::from_secs(5))).collect();
-        assert_eq!(due, vec![TaskId(2), TaskId(3), TaskId(1)]);
+        assert_eq!(due, vec![2, 3, 1]);
     }
 }

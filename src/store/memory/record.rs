@@ -3,10 +3,12 @@
 
 use std::any::Any;
 
+use super::Seq;
 use super::queue::Stamp;
 use crate::handle::Completion;
 use crate::sync::Arc;
-use crate::task::{CancelReason, Failure, TaskId, TaskState};
+use crate::task::{CancelReason, Failure, TaskState};
+use crate::unwind;
 
 /// A task's record. Kept small (56 bytes): what only some tasks need lives in [`Extra`], and
 /// the cancellation tokens of running tasks in `State::tokens`.
@@ -33,7 +35,7 @@ pub(crate) struct Record {
 #[derive(Default)]
 pub(crate) struct Extra {
     /// Blocked tasks waiting for this one.
-    pub(crate) dependents: Vec<TaskId>,
+    pub(crate) dependents: Vec<Seq>,
     pub(crate) key: Option<Arc<str>>,
     /// The last retryable error, while a retry waits.
     pub(crate) last_error: Option<String>,
@@ -42,7 +44,10 @@ pub(crate) struct Extra {
     /// The failure of a dead letter.
     pub(crate) failure: Option<Failure>,
     /// The task a dead letter was resubmitted as.
-    pub(crate) resubmitted_as: Option<TaskId>,
+    pub(crate) resubmitted_as: Option<Seq>,
+    /// A dead letter whose record retention has passed over: it is kept only while it stays a
+    /// dead letter (until taken, resubmitted or pushed out by the dead-letter limit).
+    pub(crate) expired: bool,
 }
 
 impl Record {
@@ -67,6 +72,11 @@ impl Record {
 pub(crate) struct Effects {
     drops_first: [Option<Box<dyn Any + Send>>; 2],
     drops_more: Vec<Box<dyn Any + Send>>,
+    /// Records that retention dropped: their payloads, outputs and errors are user values. In
+    /// the steady state each finished task pushes one older record out: that one needs no
+    /// allocation.
+    record_first: Option<Record>,
+    records_more: Vec<Record>,
     /// Tasks that became ready: wake that many idle workers.
     pub(crate) newly_ready: usize,
     /// A task became the earliest delayed one: the timer must re-check its deadline.
@@ -81,10 +91,31 @@ impl Effects {
         }
     }
 
-    /// Drops the values. Call without holding the pool lock.
+    /// Drops a whole record later: the last reference to a task's output may be its record's
+    /// completion.
+    pub(crate) fn drop_record_later(&mut self, record: Record) {
+        match self.record_first {
+            None => self.record_first = Some(record),
+            Some(_) => self.records_more.push(record),
+        }
+    }
+
+    /// Drops the values, each on its own inside `catch_unwind`: a `Drop` that panics loses only
+    /// its own value. Call without holding the pool lock.
     pub(crate) fn apply(self) {
-        drop(self.drops_first);
-        drop(self.drops_more);
+        let Effects {
+            drops_first,
+            drops_more,
+            record_first,
+            records_more,
+            ..
+        } = self;
+        for value in drops_first.into_iter().flatten().chain(drops_more) {
+            unwind::drop_quietly(value);
+        }
+        for record in record_first.into_iter().chain(records_more) {
+            unwind::drop_quietly(record);
+        }
     }
 }
 

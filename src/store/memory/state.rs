@@ -4,11 +4,16 @@
 //! # Invariants
 //!
 //! 1. Every accepted task has exactly one record, from submit until retention drops it (only
-//!    terminal records are dropped). A record changes state only through the methods here.
+//!    terminal records are dropped; a dead letter's only once it stops being one). A record
+//!    changes state only through the methods here. Records are keyed by their task's sequence
+//!    number; a [`TaskId`] of another pool never reaches them.
 //! 2. A `Ready` task has exactly one live entry in `ready`; a `Scheduled` task exactly one in
 //!    `delayed`. Entries of tasks in any other state are stale and skipped when found.
 //! 3. A `Blocked` task's `pending_dependencies` counts its dependencies that have not succeeded
-//!    yet, is non-zero, and the task is listed in each such dependency's `dependents`.
+//!    yet, is non-zero, and the task is listed in each such dependency's `dependents`. A
+//!    `dependents` list may also name tasks that have ended since (cancelled while blocked) and
+//!    that retention may already have forgotten: those are skipped, never looked up with
+//!    `expect`.
 //! 4. A `Running` task's payload is held by exactly one worker's [`Claim`], and its token is in
 //!    `tokens` (no other task's is); every other non-terminal record holds its payload.
 //! 5. `counts` equals the number of records in each non-terminal state.
@@ -17,14 +22,21 @@
 //!    appended to `finished` (retention order).
 //! 7. `closed` ⇒ no task is accepted. `stopping` ⇒ `closed`, and no task is blocked, scheduled or
 //!    ready: workers exit as soon as they come back for work.
+//! 8. `keys` maps a key to a task holding it that is live or succeeded; a task that fails or is
+//!    cancelled gives its key up in the step that ends it.
+//! 9. `dead` holds exactly the failed records that still hold their payload and were not
+//!    resubmitted; a record in `dead` is kept until it leaves `dead`, retention or not.
+//!
+//! [`State::check_invariants`] checks these (for tests; it reads every record).
 
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
+use super::Seq;
 use super::queue::{DelayedQueue, Epoch, ReadyQueue};
-use super::record::{Effects, Extra, Record};
+use super::record::{Effects, Record};
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
 use crate::dead_letter::DeadLetter;
@@ -35,13 +47,15 @@ use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals};
 use crate::store::{Claim, RunOutcome};
 use crate::sync::Arc;
-use crate::task::{CancelReason, Failure, TaskId, TaskState};
+use crate::task::{CancelReason, Dependency, Failure, FailureReason, TaskId, TaskState};
 
 /// How long terminal records are remembered (for handles' status, keys and dead letters).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Retention {
     pub(crate) max_count: usize,
     pub(crate) max_age: Option<Duration>,
+    /// Dead letters kept until taken or resubmitted, at most this many (the oldest go first).
+    pub(crate) max_dead_letters: usize,
 }
 
 /// Hashes task ids (sequential `u64`s) for locality: the table finds a bucket from the hash's
@@ -68,7 +82,7 @@ impl Hasher for IdHasher {
     }
 }
 
-type IdMap<V> = HashMap<TaskId, V, BuildHasherDefault<IdHasher>>;
+type IdMap<V> = HashMap<Seq, V, BuildHasherDefault<IdHasher>>;
 
 /// Records per non-terminal state (invariant 5).
 #[derive(Default, Clone, Copy)]
@@ -120,7 +134,8 @@ pub(crate) struct NewTask {
     pub(crate) payload: Box<dyn Any + Send>,
     pub(crate) priority: u8,
     pub(crate) run_at: Instant,
-    pub(crate) dependencies: Vec<TaskId>,
+    /// The pool's own dependencies, checked by [`State::resolve_dependencies`].
+    pub(crate) dependencies: Vec<Seq>,
     pub(crate) key: Option<String>,
 }
 
@@ -132,12 +147,16 @@ pub(crate) struct State {
     epoch: Epoch,
     ready: ReadyQueue,
     delayed: DelayedQueue,
-    keys: HashMap<Arc<str>, TaskId>,
+    /// Idempotency keys of live and succeeded tasks.
+    keys: HashMap<Arc<str>, Seq>,
     /// Terminal tasks, with when they finished, in that order: retention drops from the front
     /// (without reading the old record to learn its age).
-    finished: VecDeque<(TaskId, Instant)>,
-    /// Failed tasks not yet resubmitted, in id order.
-    dead: BTreeSet<TaskId>,
+    finished: VecDeque<(Seq, Instant)>,
+    /// Dead letters: failed tasks not yet resubmitted or taken, in id order. Kept past
+    /// retention, up to `retention.max_dead_letters`.
+    dead: BTreeSet<Seq>,
+    /// This pool's id: the first half of every [`TaskId`] it gives.
+    pool: u64,
     counts: Counts,
     totals: Totals,
     next_id: u64,
@@ -163,8 +182,9 @@ pub(crate) struct State {
 
 impl State {
     /// `epoch`: the pool's start on its clock; no due time is earlier.
-    pub(crate) fn new(retention: Retention, workers: usize, epoch: Instant) -> Self {
+    pub(crate) fn new(retention: Retention, workers: usize, epoch: Instant, pool: u64) -> Self {
         State {
+            pool,
             records: IdMap::default(),
             tokens: IdMap::default(),
             epoch: Epoch(epoch),
@@ -197,9 +217,17 @@ impl State {
     /// tasks of handlers waiting in `shutdown` themselves. Blocked tasks need not be counted:
     /// dependencies are acyclic, so every blocked task waits, through a chain, on a ready,
     /// scheduled or running one; if only handlers in shutdown run, nothing left can progress.
+    ///
+    /// If every live worker is such a handler, nothing queued can run either: the drain is over
+    /// too, and what is left is cancelled.
     pub(crate) fn drained(&self) -> bool {
-        let active = self.counts.ready + self.counts.scheduled + self.counts.running;
-        active <= self.handlers_in_shutdown
+        let running_elsewhere = self
+            .counts
+            .running
+            .saturating_sub(self.handlers_in_shutdown);
+        let queued = self.counts.ready + self.counts.scheduled;
+        let free_workers = self.live_workers.saturating_sub(self.handlers_in_shutdown);
+        running_elsewhere == 0 && (queued == 0 || free_workers == 0)
     }
 
     /// Whether no task is ready or running, and none is due at `now`: what is left waits for a
@@ -223,21 +251,54 @@ impl State {
         self.totals
     }
 
-    // ===== submit =====
-
-    /// The task holding `key`, and its type, if the pool still remembers one.
-    pub(crate) fn find_key(&self, key: &str) -> Option<(TaskId, u32, Arc<Completion>)> {
-        let id = *self.keys.get(key)?;
-        let record = &self.records[&id];
-        Some((id, record.type_index, Arc::clone(&record.completion)))
+    pub(crate) fn count_worker_panic(&mut self) {
+        self.totals.worker_panics += 1;
     }
 
-    /// The first dependency the pool does not know.
-    pub(crate) fn unknown_dependency(&self, dependencies: &[TaskId]) -> Option<TaskId> {
-        dependencies
-            .iter()
-            .copied()
-            .find(|id| !self.records.contains_key(id))
+    // ===== submit =====
+
+    /// The public id of this pool's task `seq`.
+    pub(crate) fn id(&self, seq: Seq) -> TaskId {
+        TaskId::from_parts(self.pool, seq)
+    }
+
+    /// `id`'s sequence number, if it is an id of this pool.
+    pub(crate) fn local(&self, id: TaskId) -> Option<Seq> {
+        (id.pool() == self.pool).then_some(id.seq())
+    }
+
+    /// The record of `id`, if it is this pool's and still remembered.
+    fn record(&self, id: TaskId) -> Option<(Seq, &Record)> {
+        let seq = self.local(id)?;
+        self.records.get(&seq).map(|record| (seq, record))
+    }
+
+    /// The live or succeeded task holding `key` (invariant 8), and its type.
+    pub(crate) fn find_key(&self, key: &str) -> Option<(TaskId, u32, Arc<Completion>)> {
+        let seq = *self.keys.get(key)?;
+        let record = &self.records[&seq];
+        Some((
+            self.id(seq),
+            record.type_index,
+            Arc::clone(&record.completion),
+        ))
+    }
+
+    /// The dependencies still to wait for, by sequence number: one the pool forgot is satisfied
+    /// if its handle saw it succeed. `Err` names the first that is foreign or unknown.
+    pub(crate) fn resolve_dependencies(
+        &self,
+        dependencies: &[Dependency],
+    ) -> Result<Vec<Seq>, TaskId> {
+        let mut seqs = Vec::with_capacity(dependencies.len());
+        for dependency in dependencies {
+            match self.record(dependency.id) {
+                Some((seq, _)) => seqs.push(seq),
+                None if dependency.succeeded() && self.local(dependency.id).is_some() => {}
+                None => return Err(dependency.id),
+            }
+        }
+        Ok(seqs)
     }
 
     /// Accepts a validated task (its dependencies are known, its key is free).
@@ -248,7 +309,7 @@ impl State {
         now: Instant,
         effects: &mut Effects,
     ) -> (TaskId, Arc<Completion>) {
-        let id = TaskId(self.next_id);
+        let id = self.next_id;
         self.next_id += 1;
         self.totals.submitted += 1;
 
@@ -259,8 +320,8 @@ impl State {
             .dependencies
             .iter()
             .find_map(|dep| match self.records[dep].state {
-                TaskState::Failed => Some(CancelReason::DependencyFailed(*dep)),
-                TaskState::Cancelled => Some(CancelReason::DependencyCancelled(*dep)),
+                TaskState::Failed => Some(CancelReason::DependencyFailed(self.id(*dep))),
+                TaskState::Cancelled => Some(CancelReason::DependencyCancelled(self.id(*dep))),
                 _ => None,
             });
         let mut pending = 0;
@@ -299,11 +360,11 @@ impl State {
         } else if pending == 0 {
             self.make_runnable(id, now, effects);
         }
-        (id, completion)
+        (self.id(id), completion)
     }
 
     /// A task with no dependency left becomes scheduled (due later) or ready.
-    fn make_runnable(&mut self, id: TaskId, now: Instant, effects: &mut Effects) {
+    fn make_runnable(&mut self, id: Seq, now: Instant, effects: &mut Effects) {
         let now = self.epoch.stamp(now);
         let record = self.records.get_mut(&id).expect("record exists");
         let run_at = record.since;
@@ -367,12 +428,13 @@ impl State {
         spare: &mut Option<CancelToken>,
     ) -> Option<Claim> {
         let records = &self.records;
-        let id = self.ready.pop(|id| {
+        let seq = self.ready.pop(|seq| {
             records
-                .get(&id)
+                .get(&seq)
                 .is_some_and(|r| r.state == TaskState::Ready)
         })?;
-        let record = self.records.get_mut(&id).expect("live entry has a record");
+        let id = self.id(seq);
+        let record = self.records.get_mut(&seq)?;
         self.counts.leave(TaskState::Ready);
         self.counts.enter(TaskState::Running);
         record.state = TaskState::Running;
@@ -381,17 +443,15 @@ impl State {
         let token = spare
             .take()
             .unwrap_or_else(|| CancelToken::new(clock.clone()));
-        self.tokens.insert(id, token.clone());
+        self.tokens.insert(seq, token.clone());
+        // Keeps invariant 4: a ready record holds its payload, so `take` finds one.
+        let payload = record.payload.take()?;
         Some(Claim {
             id,
             type_index: record.type_index,
             attempt: record.attempts,
             token,
-            // Keeps invariant 4.
-            payload: record
-                .payload
-                .take()
-                .expect("a ready task holds its payload"),
+            payload,
         })
     }
 
@@ -403,58 +463,83 @@ impl State {
         now: Instant,
         effects: &mut Effects,
     ) {
-        let id = claim.id;
-        self.tokens.remove(&id);
-        let record = self
-            .records
-            .get_mut(&id)
-            .expect("a running task has a record");
+        let seq = claim.id.seq();
+        self.tokens.remove(&seq);
+        let Some(record) = self.records.get_mut(&seq) else {
+            debug_assert!(false, "a running task has a record");
+            return;
+        };
         debug_assert_eq!(record.state, TaskState::Running);
 
         // A cancel (or the shutdown deadline) that reached the running task wins over whatever
         // the handler returned.
         if let Some(reason) = record.cancel_requested() {
             effects.drop_later(claim.payload);
-            if let RunOutcome::Succeeded(output) = outcome {
-                effects.drop_later(output);
+            match outcome {
+                RunOutcome::Succeeded(output) => effects.drop_later(output),
+                RunOutcome::Failed(failure) => effects.drop_later(Box::new(failure)),
+                RunOutcome::Retry { .. } => {}
             }
-            self.finish(id, End::Cancelled(reason), now, effects);
+            self.finish(seq, End::Cancelled(reason), now, effects);
             return;
         }
         match outcome {
             RunOutcome::Succeeded(output) => {
                 effects.drop_later(claim.payload);
-                self.finish(id, End::Succeeded(output), now, effects);
+                self.finish(seq, End::Succeeded(output), now, effects);
             }
             RunOutcome::Retry { delay, error } => {
                 record.payload = Some(claim.payload);
                 record.extra().last_error = Some(error);
                 self.totals.retried += 1;
-                // The retry cap was checked against overflow when the pool was built.
-                record.since = self.epoch.stamp(now.checked_add(delay).unwrap_or(now));
-                self.make_runnable(id, now, effects);
-            }
-            RunOutcome::Failed { reason, error } => {
-                record.payload = Some(claim.payload);
-                let failure = Failure {
-                    reason,
-                    attempts: record.attempts,
-                    error,
+                // A delay past what a stamp holds waits as long as a stamp can say.
+                record.since = match now.checked_add(delay) {
+                    Some(at) => self.epoch.stamp(at),
+                    None => u64::MAX,
                 };
-                self.finish(id, End::Failed(failure), now, effects);
+                self.make_runnable(seq, now, effects);
+            }
+            RunOutcome::Failed(mut failure) => {
+                record.payload = Some(claim.payload);
+                failure.attempts = record.attempts;
+                self.finish(seq, End::Failed(failure), now, effects);
             }
         }
+    }
+
+    /// A worker panicked in the engine's own code while it held `id` (a bug): the task ends
+    /// failed, as panicked, so that it reaches a terminal state and every wait on it returns.
+    /// Its payload went with the worker's stack, so it cannot be resubmitted.
+    pub(crate) fn abandon(
+        &mut self,
+        id: TaskId,
+        message: String,
+        now: Instant,
+        effects: &mut Effects,
+    ) {
+        let seq = id.seq();
+        self.tokens.remove(&seq);
+        let Some(record) = self.records.get_mut(&seq) else {
+            return;
+        };
+        if record.state != TaskState::Running {
+            return;
+        }
+        let failure = Failure::new(FailureReason::Panicked, record.attempts, message, None);
+        self.finish(seq, End::Failed(failure), now, effects);
     }
 
     // ===== endings =====
 
     /// Ends a task, then releases or cancels its dependents, transitively (invariant 6).
-    fn finish(&mut self, id: TaskId, end: End, now: Instant, effects: &mut Effects) {
+    fn finish(&mut self, seq: Seq, end: End, now: Instant, effects: &mut Effects) {
         // Cascades are rare: the stack allocates only when a dependent must be cancelled.
-        let mut next = Some((id, end));
+        let mut next = Some((seq, end));
         let mut work = Vec::new();
-        while let Some((id, end)) = next.take().or_else(|| work.pop()) {
-            let record = self.records.get_mut(&id).expect("record exists");
+        while let Some((seq, end)) = next.take().or_else(|| work.pop()) {
+            let Some(record) = self.records.get_mut(&seq) else {
+                continue; // invariant 3: a dependent that ended and was forgotten
+            };
             if record.state.is_terminal() {
                 continue; // reached twice through two cancelled dependencies
             }
@@ -467,13 +552,15 @@ impl State {
                 End::Succeeded(output) => {
                     record.state = TaskState::Succeeded;
                     self.totals.succeeded += 1;
-                    Finished::Succeeded(output)
+                    Finished::Succeeded(Some(output))
                 }
                 End::Failed(failure) => {
-                    // A dead letter keeps its payload, to be resubmitted.
+                    // A dead letter keeps its payload, to be resubmitted (invariant 9).
                     record.state = TaskState::Failed;
                     self.totals.failed += 1;
-                    self.dead.insert(id);
+                    if record.payload.is_some() {
+                        self.dead.insert(seq);
+                    }
                     record.extra().failure = Some(failure.clone());
                     Finished::Failed(Box::new(failure))
                 }
@@ -487,22 +574,28 @@ impl State {
                 }
             };
             let state = record.state;
-            let dependents = record
-                .extra
-                .as_mut()
-                .map(|e| std::mem::take(&mut e.dependents));
+            let (dependents, key) = match record.extra.as_mut() {
+                Some(extra) => (std::mem::take(&mut extra.dependents), extra.key.clone()),
+                None => (Vec::new(), None),
+            };
             // Published under the lock, in the same step as the state change: whoever sees the
             // task terminal (its dependents' handlers, `status`, `wait_idle`) finds its outcome.
             record.completion.publish(finished);
-            self.finished.push_back((id, now));
+            self.finished.push_back((seq, now));
+            if state != TaskState::Succeeded {
+                // Keeps invariant 8.
+                self.release_key(key.as_deref(), seq);
+            }
 
-            for dependent in dependents.into_iter().flatten() {
-                let record = self
-                    .records
-                    .get_mut(&dependent)
-                    .expect("blocked records are kept");
+            let id = self.id(seq);
+            for dependent in dependents {
+                // Invariant 3: a dependent that is no longer blocked (or no longer remembered)
+                // was cancelled meanwhile.
+                let Some(record) = self.records.get_mut(&dependent) else {
+                    continue;
+                };
                 if record.state != TaskState::Blocked {
-                    continue; // cancelled meanwhile
+                    continue;
                 }
                 match state {
                     TaskState::Succeeded => {
@@ -522,7 +615,17 @@ impl State {
                 }
             }
         }
+        self.enforce_dead_letter_limit(effects);
         self.enforce_retention(now, effects);
+    }
+
+    /// Frees `key` if `seq` holds it.
+    fn release_key(&mut self, key: Option<&str>, seq: Seq) {
+        if let Some(key) = key {
+            if self.keys.get(key) == Some(&seq) {
+                self.keys.remove(key);
+            }
+        }
     }
 
     /// Cancels a task: at once if it has not started, through its token if it runs.
@@ -533,9 +636,10 @@ impl State {
         now: Instant,
         effects: &mut Effects,
     ) -> Result<CancelOutcome, CancelError> {
+        let seq = self.local(id).ok_or(CancelError::UnknownTask(id))?;
         let record = self
             .records
-            .get_mut(&id)
+            .get_mut(&seq)
             .ok_or(CancelError::UnknownTask(id))?;
         match record.state {
             state if state.is_terminal() => Ok(CancelOutcome::AlreadyFinished(state)),
@@ -544,31 +648,34 @@ impl State {
                 if extra.cancel_requested.is_none() {
                     extra.cancel_requested = Some(reason);
                 }
-                if let Some(token) = self.tokens.get(&id) {
+                if let Some(token) = self.tokens.get(&seq) {
                     token.cancel();
                 }
                 Ok(CancelOutcome::Signalled)
             }
             _ => {
-                self.finish(id, End::Cancelled(reason), now, effects);
+                self.finish(seq, End::Cancelled(reason), now, effects);
                 Ok(CancelOutcome::Cancelled)
             }
         }
     }
 
     /// The shutdown deadline passed (or the pool was dropped): every task that has not started is
-    /// cancelled, every running one has its token fired, and workers exit (invariant 7).
-    pub(crate) fn stop(&mut self, now: Instant, effects: &mut Effects) {
+    /// cancelled, every running one has its token fired, and workers exit (invariant 7). Returns
+    /// the tasks still running.
+    pub(crate) fn stop(&mut self, now: Instant, effects: &mut Effects) -> Vec<(TaskId, u32)> {
         self.closed = true;
         self.stopping = true;
-        let mut waiting: Vec<TaskId> = Vec::new();
-        for (id, record) in &mut self.records {
+        let mut waiting: Vec<Seq> = Vec::new();
+        let mut running = Vec::new();
+        for (&seq, record) in &mut self.records {
             match record.state {
                 TaskState::Running => {
                     let extra = record.extra();
                     extra.cancel_requested.get_or_insert(CancelReason::Shutdown);
+                    running.push((TaskId::from_parts(self.pool, seq), record.type_index));
                 }
-                state if !state.is_terminal() => waiting.push(*id),
+                state if !state.is_terminal() => waiting.push(seq),
                 _ => {}
             }
         }
@@ -578,52 +685,68 @@ impl State {
         // Dependents have larger ids than their dependencies: cancelling from the largest id down
         // gives every task the reason `Shutdown` rather than a cascaded one.
         waiting.sort_unstable_by(|a, b| b.cmp(a));
-        for id in waiting {
-            self.finish(id, End::Cancelled(CancelReason::Shutdown), now, effects);
+        for seq in waiting {
+            self.finish(seq, End::Cancelled(CancelReason::Shutdown), now, effects);
         }
+        running.sort_unstable();
+        running
     }
 
     // ===== dead letters and retention =====
 
-    /// Runs a dead letter again, as a new task with fresh attempts.
+    /// Runs a dead letter of type `type_index` again, as a new task with fresh attempts and the
+    /// same key (if no other task took it meanwhile).
     pub(crate) fn resubmit(
         &mut self,
         id: TaskId,
+        type_index: u32,
         now: Instant,
         effects: &mut Effects,
-    ) -> Result<TaskId, ResubmitError> {
+    ) -> Result<(TaskId, Arc<Completion>), ResubmitError> {
         if self.closed {
             return Err(ResubmitError::ShutDown);
         }
+        let seq = self.local(id).ok_or(ResubmitError::UnknownTask(id))?;
         let record = self
             .records
-            .get_mut(&id)
+            .get(&seq)
             .ok_or(ResubmitError::UnknownTask(id))?;
         if record.state != TaskState::Failed {
             return Err(ResubmitError::NotDeadLetter(id, record.state));
         }
         if let Some(new) = record.extra.as_ref().and_then(|e| e.resubmitted_as) {
-            return Err(ResubmitError::AlreadyResubmitted(id, new));
+            return Err(ResubmitError::AlreadyResubmitted(id, self.id(new)));
         }
-        let Some(payload) = record.payload.take() else {
+        if record.payload.is_none() {
             return Err(ResubmitError::Taken(id));
-        };
-        let new_id = TaskId(self.next_id);
-        record.extra().resubmitted_as = Some(new_id);
-        let key = record.key().map(|k| k.to_string());
+        }
+        if record.type_index != type_index {
+            return Err(ResubmitError::TypeMismatch(id));
+        }
+        let key = record.key().cloned();
+        if let Some(holder) = key.as_deref().and_then(|k| self.keys.get(k)) {
+            return Err(ResubmitError::KeyTaken(id, self.id(*holder)));
+        }
+        let new_seq = self.next_id;
+        let record = self.records.get_mut(&seq).expect("looked up above");
+        let payload = record.payload.take().expect("checked above");
+        let extra = record.extra();
+        extra.resubmitted_as = Some(new_seq);
+        let expired = extra.expired;
         let task = NewTask {
             type_index: record.type_index,
             payload,
             priority: record.priority,
             run_at: now,
             dependencies: Vec::new(),
-            key,
+            key: key.map(|k| k.to_string()),
         };
-        self.dead.remove(&id);
+        self.dead.remove(&seq);
+        if expired {
+            self.forget(seq, effects);
+        }
         // Allocated under the lock: resubmitting is rare.
-        let (inserted, _) = self.insert(task, Completion::new(), now, effects);
-        debug_assert_eq!(inserted, new_id);
-        Ok(new_id)
+        Ok(self.insert(task, Completion::new(), now, effects))
     }
 
     /// Takes a dead letter's payload out, if it is of type `type_index`: the task stays failed
@@ -632,40 +755,108 @@ impl State {
         &mut self,
         id: TaskId,
         type_index: u32,
+        effects: &mut Effects,
     ) -> Option<Box<dyn Any + Send>> {
-        if !self.dead.contains(&id) {
+        let seq = self.local(id)?;
+        if !self.dead.contains(&seq) {
             return None;
         }
-        let record = self.records.get_mut(&id)?;
+        let record = self.records.get_mut(&seq)?;
         if record.type_index != type_index {
             return None;
         }
-        self.dead.remove(&id);
-        record.payload.take()
+        let payload = record.payload.take();
+        let expired = record.extra().expired;
+        self.dead.remove(&seq);
+        if expired {
+            self.forget(seq, effects);
+        }
+        payload
     }
 
-    pub(crate) fn dead_letters(&self, registry: &Registry) -> Vec<DeadLetter> {
+    /// The dead letters, oldest first, from the first after `after` (if given), of type
+    /// `type_index` (if given), at most `limit`.
+    pub(crate) fn dead_letters(
+        &self,
+        registry: &Registry,
+        after: Option<TaskId>,
+        type_index: Option<u32>,
+        limit: usize,
+    ) -> Vec<DeadLetter> {
+        let from = match after {
+            Some(id) if id.pool() == self.pool => id.seq().saturating_add(1),
+            Some(id) if id.pool() > self.pool => return Vec::new(),
+            _ => 0,
+        };
         self.dead
-            .iter()
-            .map(|id| {
-                let record = &self.records[id];
-                let failure = record
-                    .extra
-                    .as_ref()
-                    .and_then(|e| e.failure.clone())
-                    .expect("a dead letter records its failure");
-                DeadLetter {
-                    id: *id,
+            .range(from..)
+            .filter_map(|seq| {
+                let record = &self.records[seq];
+                if type_index.is_some_and(|t| t != record.type_index) {
+                    return None;
+                }
+                let failure = record.extra.as_ref().and_then(|e| e.failure.clone())?;
+                Some(DeadLetter {
+                    id: self.id(*seq),
                     task_type: registry.entry(record.type_index).name,
                     priority: record.priority,
                     failure,
                     failed_at: self.epoch.instant(record.since),
-                }
+                })
             })
+            .take(limit)
             .collect()
     }
 
-    /// Drops the oldest terminal records beyond the retention limits.
+    /// Removes a dead letter and its record for good, dropping its payload once the lock is
+    /// released. Returns whether it was one.
+    pub(crate) fn purge_dead_letter(&mut self, id: TaskId, effects: &mut Effects) -> bool {
+        let Some(seq) = self.local(id) else {
+            return false;
+        };
+        if !self.dead.remove(&seq) {
+            return false;
+        }
+        self.drop_dead_payload(seq, effects);
+        true
+    }
+
+    /// A record that left `dead`: its payload goes (invariant 9), and the record too if
+    /// retention already passed over it.
+    fn drop_dead_payload(&mut self, seq: Seq, effects: &mut Effects) {
+        let Some(record) = self.records.get_mut(&seq) else {
+            return;
+        };
+        if let Some(payload) = record.payload.take() {
+            effects.drop_later(payload);
+        }
+        if record.extra().expired {
+            self.forget(seq, effects);
+        }
+    }
+
+    /// Keeps at most `max_dead_letters`, dropping the oldest.
+    fn enforce_dead_letter_limit(&mut self, effects: &mut Effects) {
+        while self.dead.len() > self.retention.max_dead_letters {
+            let Some(oldest) = self.dead.pop_first() else {
+                break;
+            };
+            self.drop_dead_payload(oldest, effects);
+        }
+    }
+
+    /// Drops a terminal record: its key if it still holds one, and the record itself once the
+    /// lock is released (its payload, output and error are user values).
+    fn forget(&mut self, seq: Seq, effects: &mut Effects) {
+        let Some(record) = self.records.remove(&seq) else {
+            return;
+        };
+        self.release_key(record.key().map(|k| &**k), seq);
+        effects.drop_record_later(record);
+    }
+
+    /// Drops the oldest terminal records beyond the retention limits. A dead letter's record
+    /// stays while it is one (invariant 9), marked expired.
     fn enforce_retention(&mut self, now: Instant, effects: &mut Effects) {
         while let Some(&(oldest, finished_at)) = self.finished.front() {
             let too_many = self.finished.len() > self.retention.max_count;
@@ -677,18 +868,12 @@ impl State {
                 break;
             }
             self.finished.pop_front();
-            let record = self
-                .records
-                .remove(&oldest)
-                .expect("finished records exist");
-            self.dead.remove(&oldest);
-            if let Some(Extra { key: Some(key), .. }) = record.extra.as_deref() {
-                if self.keys.get(key) == Some(&oldest) {
-                    self.keys.remove(key);
+            if self.dead.contains(&oldest) {
+                if let Some(record) = self.records.get_mut(&oldest) {
+                    record.extra().expired = true;
                 }
-            }
-            if let Some(payload) = record.payload {
-                effects.drop_later(payload);
+            } else {
+                self.forget(oldest, effects);
             }
         }
     }
@@ -697,16 +882,16 @@ impl State {
 
     /// A task's type index and completion, to make a handle for it.
     pub(crate) fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
-        let record = self.records.get(&id)?;
+        let (_, record) = self.record(id)?;
         Some((record.type_index, Arc::clone(&record.completion)))
     }
 
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
-        self.records.get(&id).map(|r| r.state)
+        self.record(id).map(|(_, r)| r.state)
     }
 
     pub(crate) fn info(&self, id: TaskId, registry: &Registry) -> Option<TaskInfo> {
-        let record = self.records.get(&id)?;
+        let (_, record) = self.record(id)?;
         let extra = record.extra.as_deref();
         Some(TaskInfo {
             id,
@@ -722,7 +907,7 @@ impl State {
                     .map(|f| f.error.clone())
                     .or(e.last_error.clone())
             }),
-            resubmitted_as: extra.and_then(|e| e.resubmitted_as),
+            resubmitted_as: extra.and_then(|e| e.resubmitted_as).map(|seq| self.id(seq)),
         })
     }
 
@@ -752,5 +937,149 @@ impl State {
             delayed_entries: self.delayed.entries(),
             totals: self.totals,
         }
+    }
+
+    // ===== checking =====
+
+    /// Checks the invariants in the module docs against every record; `Err` names the first one
+    /// broken. For tests: it reads the whole state.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let fail = |n: u32, what: String| Err(format!("invariant {n} broken: {what}"));
+        let mut counts = Counts::default();
+        let mut terminal = 0;
+        // How many unfinished tasks list each task as a dependent.
+        let mut listed: HashMap<Seq, usize> = HashMap::new();
+        for record in self.records.values().filter(|r| !r.state.is_terminal()) {
+            for &dependent in record.extra.iter().flat_map(|e| &e.dependents) {
+                *listed.entry(dependent).or_default() += 1;
+            }
+        }
+        for (&seq, record) in &self.records {
+            let id = self.id(seq);
+            counts.enter(record.state);
+            let published = record.completion.is_published();
+            if record.state.is_terminal() {
+                terminal += 1;
+                if !published {
+                    return fail(6, format!("{id} is {} but unpublished", record.state));
+                }
+            } else if published {
+                return fail(6, format!("{id} is {} but published", record.state));
+            }
+            let holds_payload = record.payload.is_some();
+            let token = self.tokens.contains_key(&seq);
+            match record.state {
+                TaskState::Running if holds_payload || !token => {
+                    return fail(
+                        4,
+                        format!("running {id}: payload {holds_payload}, token {token}"),
+                    );
+                }
+                TaskState::Running => {}
+                state if token => return fail(4, format!("{state} {id} has a token")),
+                state if !state.is_terminal() && !holds_payload => {
+                    return fail(4, format!("{state} {id} lost its payload"));
+                }
+                _ => {}
+            }
+            if record.state == TaskState::Blocked {
+                let listed = listed.get(&seq).copied().unwrap_or(0);
+                if record.pending_dependencies == 0
+                    || listed != record.pending_dependencies as usize
+                {
+                    return fail(
+                        3,
+                        format!(
+                            "blocked {id} counts {} pending dependencies, {listed} list it",
+                            record.pending_dependencies
+                        ),
+                    );
+                }
+            }
+            let in_dead = self.dead.contains(&seq);
+            let should = record.state == TaskState::Failed
+                && holds_payload
+                && record
+                    .extra
+                    .as_ref()
+                    .is_none_or(|e| e.resubmitted_as.is_none());
+            if in_dead != should {
+                return fail(
+                    9,
+                    format!("{id} in dead letters: {in_dead}, should be: {should}"),
+                );
+            }
+            if let Some(key) = record.key() {
+                let holds = self.keys.get(key) == Some(&seq);
+                let may = matches!(record.state, TaskState::Failed | TaskState::Cancelled);
+                if holds && may {
+                    return fail(8, format!("{} {id} still holds key `{key}`", record.state));
+                }
+            }
+        }
+        for (key, seq) in &self.keys {
+            if self.records.get(seq).and_then(Record::key).map(|k| &**k) != Some(&**key) {
+                return fail(
+                    8,
+                    format!(
+                        "key `{key}` names {}, which does not hold it",
+                        self.id(*seq)
+                    ),
+                );
+            }
+        }
+        for (what, n, expected) in [
+            ("blocked", counts.blocked, self.counts.blocked),
+            ("scheduled", counts.scheduled, self.counts.scheduled),
+            ("ready", counts.ready, self.counts.ready),
+            ("running", counts.running, self.counts.running),
+        ] {
+            if n != expected {
+                return fail(5, format!("{n} {what} records, counted {expected}"));
+            }
+        }
+        if self.tokens.len() != counts.running {
+            return fail(
+                4,
+                format!("{} tokens, {} running", self.tokens.len(), counts.running),
+            );
+        }
+        let live_ready = self.ready.len();
+        if live_ready != counts.ready {
+            return fail(
+                2,
+                format!("{live_ready} live ready entries, {} ready", counts.ready),
+            );
+        }
+        let expired = self
+            .records
+            .values()
+            .filter(|r| r.extra.as_ref().is_some_and(|e| e.expired))
+            .count();
+        if terminal != self.finished.len() + expired {
+            return fail(
+                1,
+                format!(
+                    "{terminal} terminal records, {} retained and {expired} expired dead letters",
+                    self.finished.len()
+                ),
+            );
+        }
+        for &(seq, _) in &self.finished {
+            if !self
+                .records
+                .get(&seq)
+                .is_some_and(|r| r.state.is_terminal())
+            {
+                return fail(
+                    6,
+                    format!("{} is in retention but not terminal", self.id(seq)),
+                );
+            }
+        }
+        if self.stopping && (counts.blocked + counts.scheduled + counts.ready) > 0 {
+            return fail(7, "stopping with tasks still queued".to_owned());
+        }
+        Ok(())
     }
 }
