@@ -119,6 +119,7 @@ pub struct Builder {
     seed: Option<u64>,
     thread_name: String,
     stack_size: Option<usize>,
+    quiet_panics: bool,
 }
 
 impl Builder {
@@ -146,6 +147,7 @@ impl Builder {
             seed: None,
             thread_name: "tasq-worker".to_owned(),
             stack_size: None,
+            quiet_panics: false,
         }
     }
 
@@ -295,6 +297,35 @@ impl Builder {
     pub fn retention(mut self, max_count: usize, max_age: Option<Duration>) -> Self {
         self.retention.max_count = max_count;
         self.retention.max_age = max_age;
+        self
+    }
+
+    /// Whether panics in this pool's handlers (and in the `Drop` or `Display` of its payloads,
+    /// outputs and errors) skip the process's panic hook. They are caught either way and end
+    /// their tasks as [`FailureReason::Panicked`](crate::FailureReason::Panicked) dead letters
+    /// with the panic's message; with the default hook, each is also printed to stderr. For
+    /// handlers whose panics are expected, without replacing the hook for the whole program.
+    /// Defaults to `false`.
+    ///
+    /// It works through a hook installed once per process that wraps the hook in place then and
+    /// stays silent on this pool's worker threads; a hook the program sets afterwards replaces
+    /// it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const BUGGY: TaskType<(), ()> = TaskType::new("buggy");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .quiet_panics(true)
+    ///     .register(BUGGY, |_, _: &()| -> Result<(), HandlerError> { panic!("expected, and not printed") })
+    ///     .build()?;
+    /// assert!(pool.submit(BUGGY.task(()))?.wait().is_failed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn quiet_panics(mut self, quiet: bool) -> Self {
+        self.quiet_panics = quiet;
         self
     }
 
@@ -465,7 +496,11 @@ impl Builder {
         for index in 0..workers {
             let worker_shared = Arc::clone(&shared);
             let name = format!("{}-{index}", self.thread_name);
+            let quiet = self.quiet_panics;
             let spawned = sync::spawn(name, self.stack_size, move || {
+                if quiet {
+                    crate::unwind::quiet_this_thread();
+                }
                 let _exit = ExitGuard(&worker_shared);
                 let mut rng = worker_shared.worker_rng(index);
                 worker::supervise(&worker_shared, &mut rng);
@@ -537,6 +572,7 @@ impl fmt::Debug for Builder {
             .field("clock", &self.clock)
             .field("seed", &self.seed)
             .field("thread_name", &self.thread_name)
+            .field("quiet_panics", &self.quiet_panics)
             .finish_non_exhaustive()
     }
 }

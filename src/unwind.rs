@@ -9,6 +9,32 @@
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
 
+crate::sync::thread_local! {
+    // Not `const`-initialised: loom's `thread_local!` does not take that form.
+    #[allow(clippy::missing_const_for_thread_local)]
+    /// Whether the panic hook should stay silent for panics on this thread: set on the worker
+    /// threads of pools built with [`Builder::quiet_panics`](crate::Builder::quiet_panics).
+    static QUIET: std::cell::Cell<bool> = std::cell::Cell::new(false);
+}
+
+/// Makes the process's panic hook skip panics on the calling thread, for the rest of its life.
+///
+/// The first call installs, once per process, a hook that wraps the hook in place at that
+/// moment: panics on quiet threads are not reported, every other panic goes to the wrapped hook
+/// as before. A program that sets its own hook later replaces this one (and its own decides).
+pub(crate) fn quiet_this_thread() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    QUIET.with(|quiet| quiet.set(true));
+}
+
 /// Runs `f`, turning a panic into its message.
 pub(crate) fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     panic::catch_unwind(AssertUnwindSafe(f)).map_err(into_message)

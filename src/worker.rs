@@ -14,8 +14,10 @@ use crate::task::{Failure, FailureReason, TaskId};
 use crate::unwind;
 
 crate::sync::thread_local! {
+    // Not `const`-initialised: loom's `thread_local!` does not take that form.
+    #[allow(clippy::missing_const_for_thread_local)]
     /// The task whose handler this thread is running, if any.
-    static CURRENT: Cell<Option<TaskId>> = const { Cell::new(None) };
+    static CURRENT: Cell<Option<TaskId>> = Cell::new(None);
 }
 
 /// The task whose handler the calling thread is running (`None` outside handlers).

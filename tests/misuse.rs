@@ -1,0 +1,210 @@
+//! Misuse that used to act on the wrong task or hang (issue 7 items 7 and 8): ids from another
+//! pool, and handlers waiting on their own task or for their own pool.
+
+mod support_a;
+
+use std::time::Duration;
+
+use support_a::{GATE, HANG_GUARD, finish, gate, gate_handler};
+use tasq::{
+    CancelError, FailureReason, HandlerError, Outcome, Pool, ResubmitError, SubmitErrorKind,
+    TaskHandle, TaskId, TaskState, TaskType, WaitError,
+};
+
+const JOB: TaskType<u32, u32> = TaskType::new("job");
+
+fn pool() -> Pool {
+    Pool::builder()
+        .workers(2)
+        .register(JOB, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .register(GATE, gate_handler)
+        .build()
+        .expect("build the pool")
+}
+
+/// Item 7: task 1 of pool `b` has the same number as task 1 of pool `a`; before ids named their
+/// pool, `a.cancel(b's id)` cancelled `a`'s task 1. Now every operation refuses it as unknown and
+/// `a`'s task is untouched.
+#[test]
+fn an_id_from_another_pool_is_unknown_everywhere() {
+    let a = pool();
+    let b = pool();
+    let mine = a.submit(JOB.task(1).delay(Duration::from_secs(3600))).unwrap();
+    let theirs = b.submit(JOB.task(2).delay(Duration::from_secs(3600))).unwrap();
+    assert_eq!(mine.id().seq(), theirs.id().seq(), "same number, other pool");
+    assert_ne!(mine.id(), theirs.id());
+    let foreign = theirs.id();
+
+    assert_eq!(a.cancel(foreign), Err(CancelError::UnknownTask(foreign)));
+    assert_eq!(a.status(foreign), None);
+    assert_eq!(a.info(foreign), None);
+    assert!(a.handle(JOB, foreign).is_none());
+    assert_eq!(
+        a.resubmit(JOB, foreign).err(),
+        Some(ResubmitError::UnknownTask(foreign))
+    );
+    assert_eq!(a.take_dead_letter(JOB, foreign), None);
+    assert!(!a.purge_dead_letter(foreign));
+    let err = a.submit(JOB.task(3).after([foreign])).unwrap_err();
+    assert_eq!(err.kind(), &SubmitErrorKind::UnknownDependency(foreign));
+    // A handle of the other pool as a dependency is refused too, even once it succeeded.
+    let done = b.submit(JOB.task(4)).unwrap();
+    finish(&done);
+    let err = a.submit(JOB.task(5).after([&done])).unwrap_err();
+    assert_eq!(err.kind(), &SubmitErrorKind::UnknownDependency(done.id()));
+
+    assert_eq!(mine.status(), TaskState::Scheduled, "a's task untouched");
+    assert_eq!(theirs.status(), TaskState::Scheduled, "b's task untouched");
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn ids_round_trip_through_text() {
+    let a = pool();
+    let id = a.submit(JOB.task(1)).unwrap().id();
+    let text = id.to_string();
+    assert_eq!(text, format!("task {}:{}", a.id(), id.seq()));
+    assert_eq!(text.parse::<TaskId>().unwrap(), id);
+    assert_eq!(format!("{}:{}", a.id(), id.seq()).parse::<TaskId>().unwrap(), id);
+    assert_eq!(TaskId::from_parts(a.id(), id.seq()), id);
+    for bad in ["", "task", "task 1", "1:", ":2", "task x:1", "1:2:3", "-1:2"] {
+        assert!(bad.parse::<TaskId>().is_err(), "{bad:?} parsed");
+    }
+    // A stored id read back finds the task again.
+    assert_eq!(
+        a.handle(JOB, text.parse().unwrap()).map(|h| finish(&h)),
+        Some(Outcome::Succeeded(1))
+    );
+}
+
+const SELF_WAIT: TaskType<(), ()> = TaskType::new("self_wait");
+
+/// Item 8: a handler that waits on its own handle hung forever. Now the wait panics with a
+/// message that names the mistake, and the task fails with it.
+#[test]
+fn a_handler_waiting_on_its_own_task_fails_instead_of_hanging() {
+    let (tx, rx) = crossbeam_channel::bounded::<TaskHandle<()>>(1);
+    let pool = Pool::builder()
+        .workers(1)
+        .register(SELF_WAIT, move |_, _: &()| {
+            let own = rx.recv_timeout(HANG_GUARD).expect("the test sends the handle");
+            own.wait();
+            Ok::<_, HandlerError>(())
+        })
+        .build()
+        .unwrap();
+    let handle = pool.submit(SELF_WAIT.task(())).unwrap();
+    tx.send(handle.clone()).unwrap();
+    match finish(&handle) {
+        Outcome::Failed(failure) => {
+            assert_eq!(failure.reason, FailureReason::Panicked);
+            assert!(
+                failure.error.contains("on its own task"),
+                "{}",
+                failure.error
+            );
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    assert_eq!(pool.stats().workers, 1);
+}
+
+const WAIT_POOL: TaskType<(), (Result<(), WaitError>, Result<(), WaitError>)> =
+    TaskType::new("wait_pool");
+
+/// Item 8: `wait_idle` from a handler hung forever (its own task keeps the pool busy). Now the
+/// timed forms return `WaitError::FromHandler` at once, and `wait_idle` panics.
+#[test]
+fn waiting_for_the_own_pool_from_a_handler_is_refused() {
+    let (tx, rx) = crossbeam_channel::bounded::<std::sync::Arc<Pool>>(1);
+    let (panic_tx, panic_rx) = crossbeam_channel::bounded::<bool>(1);
+    let pool = std::sync::Arc::new(
+        Pool::builder()
+            .workers(1)
+            .register(WAIT_POOL, move |_, _: &()| {
+                let pool = rx.recv_timeout(HANG_GUARD).expect("the test sends the pool");
+                let idle = pool.wait_idle_timeout(None);
+                let empty = pool.wait_empty(Some(Duration::from_secs(3600)));
+                let panicked =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.wait_idle()))
+                        .is_err();
+                panic_tx.send(panicked).unwrap();
+                Ok::<_, HandlerError>((idle, empty))
+            })
+            .build()
+            .unwrap(),
+    );
+    let handle = pool.submit(WAIT_POOL.task(())).unwrap();
+    tx.send(std::sync::Arc::clone(&pool)).unwrap();
+    assert_eq!(
+        finish(&handle).succeeded(),
+        Some((Err(WaitError::FromHandler), Err(WaitError::FromHandler)))
+    );
+    assert!(panic_rx.recv_timeout(HANG_GUARD).unwrap(), "wait_idle panics");
+}
+
+/// A handler of one pool may wait for another pool: only its own is refused.
+#[test]
+fn a_handler_may_wait_for_another_pool() {
+    let other = std::sync::Arc::new(pool());
+    let queued = other.submit(JOB.task(7)).unwrap();
+    let waited = std::sync::Arc::clone(&other);
+    const WAIT_OTHER: TaskType<(), bool> = TaskType::new("wait_other");
+    let pool = Pool::builder()
+        .workers(1)
+        .register(WAIT_OTHER, move |_, _: &()| {
+            Ok::<_, HandlerError>(waited.wait_empty(Some(HANG_GUARD)).is_ok())
+        })
+        .build()
+        .unwrap();
+    assert_eq!(
+        finish(&pool.submit(WAIT_OTHER.task(())).unwrap()).succeeded(),
+        Some(true)
+    );
+    assert_eq!(finish(&queued).succeeded(), Some(7));
+}
+
+/// `wait_empty` waits for delayed tasks too (unlike `wait_idle`), without closing the pool, and
+/// times out while something is left.
+#[test]
+fn wait_empty_waits_for_everything_and_times_out_while_work_is_left() {
+    let clock = tasq::ManualClock::new();
+    let pool = Pool::builder()
+        .workers(2)
+        .manual_clock(clock.clone())
+        .register(JOB, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .register(GATE, gate_handler)
+        .build()
+        .unwrap();
+    let later = pool.submit(JOB.task(1).delay(Duration::from_secs(10))).unwrap();
+    pool.wait_idle();
+    assert_eq!(later.status(), TaskState::Scheduled);
+    // On the manual clock a timeout passes only when the clock moves: a zero one at once.
+    assert_eq!(
+        pool.wait_empty(Some(Duration::ZERO)),
+        Err(WaitError::TimedOut)
+    );
+    assert_eq!(later.status(), TaskState::Scheduled);
+    std::thread::scope(|s| {
+        s.spawn(|| clock.advance(Duration::from_secs(10)));
+        assert_eq!(pool.wait_empty(None), Ok(()));
+    });
+    assert_eq!(later.status(), TaskState::Succeeded);
+    // Still open.
+    let again = pool.submit(JOB.task(2)).unwrap();
+    assert_eq!(pool.wait_empty(None), Ok(()));
+    assert_eq!(again.status(), TaskState::Succeeded);
+
+    // A held worker keeps it from being empty.
+    let (gate, gate_task) = gate();
+    let held = pool.submit(GATE.task(gate_task)).unwrap();
+    gate.wait_started();
+    assert_eq!(
+        pool.wait_idle_timeout(Some(Duration::ZERO)),
+        Err(WaitError::TimedOut)
+    );
+    gate.open();
+    assert_eq!(pool.wait_empty(None), Ok(()));
+    assert!(held.is_finished());
+}
