@@ -61,6 +61,16 @@ impl Registry {
     }
 }
 
+impl Drop for Registry {
+    /// The handlers are user closures, and so are their captures' `Drop`s: one at a time, each
+    /// inside `catch_unwind`.
+    fn drop(&mut self) {
+        for entry in self.entries.drain(..) {
+            crate::unwind::drop_quietly(entry);
+        }
+    }
+}
+
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list()

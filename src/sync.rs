@@ -46,6 +46,10 @@ mod imp {
         pub fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
+
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut()
+        }
     }
 
     /// A condition variable used with [`Mutex`].
@@ -123,6 +127,10 @@ mod imp {
 
         pub fn lock(&self) -> MutexGuard<'_, T> {
             MutexGuard(Some(self.0.lock().unwrap()))
+        }
+
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap()
         }
     }
 

@@ -66,6 +66,8 @@ fn run<R: Rng>(shared: &Arc<Shared>, rng: &mut R, held: &Cell<Option<TaskId>>) {
     let mut next = shared.claim(None);
     while let Some(claim) = next {
         held.set(Some(claim.id));
+        #[cfg(all(test, not(loom)))]
+        tests::maybe_inject_engine_panic();
         let entry = shared.registry().entry(claim.type_index);
         let ctx = Context::new(
             claim.id,
@@ -125,4 +127,53 @@ fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mu
         text,
         Some(source.into()),
     ))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::{FailureReason, HandlerError, Outcome, Pool, TaskType};
+
+    /// Set by a test: the next worker to claim a task panics in engine code, as a bug would.
+    static INJECT: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn maybe_inject_engine_panic() {
+        if INJECT.swap(false, Ordering::SeqCst) {
+            panic!("an injected engine bug");
+        }
+    }
+
+    const JOB: TaskType<u32, u32> = TaskType::new("job");
+
+    #[test]
+    fn a_worker_survives_an_engine_panic_and_its_task_ends_failed() {
+        let pool = Pool::builder()
+            .workers(1)
+            .quiet_panics(true)
+            .register(JOB, |_, n: &u32| Ok::<_, HandlerError>(*n))
+            .build()
+            .unwrap();
+        INJECT.store(true, Ordering::SeqCst);
+        match pool.submit(JOB.task(1)).unwrap().wait() {
+            Outcome::Failed(failure) => {
+                assert_eq!(failure.reason, FailureReason::Panicked);
+                assert_eq!(
+                    failure.error,
+                    "the worker running this task panicked: an injected engine bug"
+                );
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        assert_eq!(
+            pool.submit(JOB.task(2)).unwrap().wait().succeeded(),
+            Some(2)
+        );
+        let stats = pool.stats();
+        assert_eq!((stats.workers, stats.totals.worker_panics), (1, 1));
+        pool.check_invariants().unwrap();
+        // The failed task lost its payload with the worker's stack: not a resubmittable dead
+        // letter.
+        assert_eq!(stats.dead_letters, 0);
+    }
 }

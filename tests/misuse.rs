@@ -29,9 +29,17 @@ fn pool() -> Pool {
 fn an_id_from_another_pool_is_unknown_everywhere() {
     let a = pool();
     let b = pool();
-    let mine = a.submit(JOB.task(1).delay(Duration::from_secs(3600))).unwrap();
-    let theirs = b.submit(JOB.task(2).delay(Duration::from_secs(3600))).unwrap();
-    assert_eq!(mine.id().seq(), theirs.id().seq(), "same number, other pool");
+    let mine = a
+        .submit(JOB.task(1).delay(Duration::from_secs(3600)))
+        .unwrap();
+    let theirs = b
+        .submit(JOB.task(2).delay(Duration::from_secs(3600)))
+        .unwrap();
+    assert_eq!(
+        mine.id().seq(),
+        theirs.id().seq(),
+        "same number, other pool"
+    );
     assert_ne!(mine.id(), theirs.id());
     let foreign = theirs.id();
 
@@ -66,9 +74,16 @@ fn ids_round_trip_through_text() {
     let text = id.to_string();
     assert_eq!(text, format!("task {}:{}", a.id(), id.seq()));
     assert_eq!(text.parse::<TaskId>().unwrap(), id);
-    assert_eq!(format!("{}:{}", a.id(), id.seq()).parse::<TaskId>().unwrap(), id);
+    assert_eq!(
+        format!("{}:{}", a.id(), id.seq())
+            .parse::<TaskId>()
+            .unwrap(),
+        id
+    );
     assert_eq!(TaskId::from_parts(a.id(), id.seq()), id);
-    for bad in ["", "task", "task 1", "1:", ":2", "task x:1", "1:2:3", "-1:2"] {
+    for bad in [
+        "", "task", "task 1", "1:", ":2", "task x:1", "1:2:3", "-1:2",
+    ] {
         assert!(bad.parse::<TaskId>().is_err(), "{bad:?} parsed");
     }
     // A stored id read back finds the task again.
@@ -88,7 +103,9 @@ fn a_handler_waiting_on_its_own_task_fails_instead_of_hanging() {
     let pool = Pool::builder()
         .workers(1)
         .register(SELF_WAIT, move |_, _: &()| {
-            let own = rx.recv_timeout(HANG_GUARD).expect("the test sends the handle");
+            let own = rx
+                .recv_timeout(HANG_GUARD)
+                .expect("the test sends the handle");
             own.wait();
             Ok::<_, HandlerError>(())
         })
@@ -110,8 +127,9 @@ fn a_handler_waiting_on_its_own_task_fails_instead_of_hanging() {
     assert_eq!(pool.stats().workers, 1);
 }
 
-const WAIT_POOL: TaskType<(), (Result<(), WaitError>, Result<(), WaitError>)> =
-    TaskType::new("wait_pool");
+/// What `wait_idle_timeout` and `wait_empty` returned in the handler.
+type Waits = (Result<(), WaitError>, Result<(), WaitError>);
+const WAIT_POOL: TaskType<(), Waits> = TaskType::new("wait_pool");
 
 /// Item 8: `wait_idle` from a handler hung forever (its own task keeps the pool busy). Now the
 /// timed forms return `WaitError::FromHandler` at once, and `wait_idle` panics.
@@ -123,7 +141,9 @@ fn waiting_for_the_own_pool_from_a_handler_is_refused() {
         Pool::builder()
             .workers(1)
             .register(WAIT_POOL, move |_, _: &()| {
-                let pool = rx.recv_timeout(HANG_GUARD).expect("the test sends the pool");
+                let pool = rx
+                    .recv_timeout(HANG_GUARD)
+                    .expect("the test sends the pool");
                 let idle = pool.wait_idle_timeout(None);
                 let empty = pool.wait_empty(Some(Duration::from_secs(3600)));
                 let panicked =
@@ -141,7 +161,10 @@ fn waiting_for_the_own_pool_from_a_handler_is_refused() {
         finish(&handle).succeeded(),
         Some((Err(WaitError::FromHandler), Err(WaitError::FromHandler)))
     );
-    assert!(panic_rx.recv_timeout(HANG_GUARD).unwrap(), "wait_idle panics");
+    assert!(
+        panic_rx.recv_timeout(HANG_GUARD).unwrap(),
+        "wait_idle panics"
+    );
 }
 
 /// A handler of one pool may wait for another pool: only its own is refused.
@@ -177,7 +200,9 @@ fn wait_empty_waits_for_everything_and_times_out_while_work_is_left() {
         .register(GATE, gate_handler)
         .build()
         .unwrap();
-    let later = pool.submit(JOB.task(1).delay(Duration::from_secs(10))).unwrap();
+    let later = pool
+        .submit(JOB.task(1).delay(Duration::from_secs(10)))
+        .unwrap();
     pool.wait_idle();
     assert_eq!(later.status(), TaskState::Scheduled);
     // On the manual clock a timeout passes only when the clock moves: a zero one at once.

@@ -541,6 +541,18 @@ impl Wake for Shared {
     }
 }
 
+impl Drop for Shared {
+    /// The last reference to the pool's state may go on any thread (the pool's owner, a worker
+    /// that exits last, a handle's upgrade): the user values it still holds (dead letters'
+    /// payloads, remembered outputs) are dropped one by one inside `catch_unwind`, never into
+    /// the thread that happened to drop it.
+    fn drop(&mut self) {
+        for record in self.state.get_mut().take_records() {
+            record.drop_quietly();
+        }
+    }
+}
+
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")

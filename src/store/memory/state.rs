@@ -939,6 +939,12 @@ impl State {
         }
     }
 
+    /// Takes every record out, for [`Shared`](super::Shared)'s `Drop` to drop quietly.
+    pub(crate) fn take_records(&mut self) -> Vec<Record> {
+        self.tokens.clear();
+        self.records.drain().map(|(_, record)| record).collect()
+    }
+
     // ===== checking =====
 
     /// Checks the invariants in the module docs against every record; `Err` names the first one
