@@ -1,5 +1,7 @@
-//! Idempotency keys: concurrent submits of one key make one task; a key is free again only once
-//! retention has forgotten its task.
+//! Idempotency keys: concurrent submits of one key make one task; a key matches only live and
+//! succeeded tasks (a failed or cancelled one frees it), and a succeeded one's key is free again
+//! once retention has forgotten the task; a deduplicated submit says so; a resubmitted dead
+//! letter takes its key back.
 
 mod support_a;
 
@@ -79,8 +81,10 @@ fn a_remembered_key_keeps_returning_its_finished_task() {
     let first = pool.submit(CHARGE.task(100).key("k")).unwrap();
     assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
 
+    assert!(!first.is_duplicate());
     let again = pool.submit(CHARGE.task(999).key("k")).unwrap();
     assert_eq!(again.id(), first.id());
+    assert!(again.is_duplicate() && again.clone().is_duplicate());
     assert!(again.is_finished());
     assert_eq!(finish(&again), Outcome::Succeeded((100, 1)));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -136,4 +140,76 @@ fn a_key_of_an_unfinished_task_is_deduplicated_whatever_its_state() {
     gate.open();
     assert_eq!(finish(&again), Outcome::Succeeded((1, 1)));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Fails (permanently) for payload 0, succeeds otherwise.
+const PICKY: TaskType<u32, u32> = TaskType::new("picky");
+
+fn picky_pool() -> Pool {
+    Pool::builder()
+        .workers(1)
+        .register(GATE, gate_handler)
+        .register(PICKY, |_, n: &u32| {
+            if *n == 0 {
+                Err(HandlerError::permanent("zero"))
+            } else {
+                Ok(*n)
+            }
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_failed_or_cancelled_task_frees_its_key() {
+    let pool = picky_pool();
+    let failed = pool.submit(PICKY.task(0).key("k")).unwrap();
+    assert!(finish(&failed).is_failed());
+    // A program can run the key again after a failure, with another payload.
+    let retry = pool.submit(PICKY.task(5).key("k")).unwrap();
+    assert!(!retry.is_duplicate());
+    assert_ne!(retry.id(), failed.id());
+    assert_eq!(finish(&retry), Outcome::Succeeded(5));
+
+    let cancelled = pool
+        .submit(PICKY.task(6).key("c").delay(std::time::Duration::from_secs(3600)))
+        .unwrap();
+    cancelled.cancel().unwrap();
+    let again = pool.submit(PICKY.task(7).key("c")).unwrap();
+    assert!(!again.is_duplicate());
+    assert_eq!(finish(&again), Outcome::Succeeded(7));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_resubmitted_dead_letter_takes_its_key_back_unless_another_task_holds_it() {
+    let pool = picky_pool();
+    let failed = pool.submit(PICKY.task(0).key("k")).unwrap();
+    assert!(finish(&failed).is_failed());
+    // Hold the worker, so the resubmitted task waits, ready, holding the key.
+    let (gate, gate_task) = gate();
+    let _ = pool.submit(GATE.task(gate_task)).unwrap();
+    gate.wait_started();
+    let resubmitted = pool.resubmit(PICKY, failed.id()).unwrap();
+    let dup = pool.submit(PICKY.task(9).key("k")).unwrap();
+    assert!(dup.is_duplicate(), "the resubmitted task holds the key");
+    assert_eq!(dup.id(), resubmitted.id());
+    gate.open();
+    // Payload 0 fails again, and frees the key.
+    assert!(finish(&resubmitted).is_failed());
+
+    // Another task takes the key: resubmitting the new dead letter is refused, not run keyless.
+    let holder = pool
+        .submit(PICKY.task(3).key("k").delay(std::time::Duration::from_secs(3600)))
+        .unwrap();
+    assert!(!holder.is_duplicate());
+    assert_eq!(
+        pool.resubmit(PICKY, resubmitted.id()).err(),
+        Some(tasq::ResubmitError::KeyTaken(resubmitted.id(), holder.id()))
+    );
+    // Once the holder is gone, the dead letter can run again with its key.
+    holder.cancel().unwrap();
+    let again = pool.resubmit(PICKY, resubmitted.id()).unwrap();
+    assert!(finish(&again).is_failed());
+    pool.check_invariants().unwrap();
 }

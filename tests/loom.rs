@@ -339,3 +339,53 @@ fn a_dependent_sees_its_dependency_s_outcome() {
         pool.shutdown(Duration::from_secs(1));
     });
 }
+
+/// 11. A cancel racing a handler that waits on its token: whether the cancel lands before the
+/// task starts, before the handler waits or while it waits, the wait ends and the task ends
+/// cancelled.
+#[test]
+fn cancel_races_a_handler_waiting_on_its_token() {
+    model(|| {
+        const WAITS: TaskType<(), ()> = TaskType::new("waits");
+        let pool = Pool::builder()
+            .workers(1)
+            .seed(1)
+            .manual_clock(ManualClock::new())
+            .register(WAITS, |ctx, _: &()| {
+                ctx.token().wait();
+                Ok::<_, HandlerError>(())
+            })
+            .build()
+            .unwrap();
+        let handle = pool.submit(WAITS.task(())).unwrap();
+        let canceller = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.cancel().unwrap())
+        };
+        assert_eq!(handle.wait(), Outcome::Cancelled(CancelReason::Requested));
+        assert!(matches!(
+            canceller.join().unwrap(),
+            CancelOutcome::Cancelled | CancelOutcome::Signalled
+        ));
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 12. `wait_idle` and `wait_empty` racing the workers that finish the last tasks: they return,
+/// and only once every task submitted before them has finished.
+#[test]
+fn waits_for_the_pool_return_once_the_work_is_done() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(2, &runs);
+        let first = pool.submit(JOB.task(1)).unwrap();
+        let second = pool.submit(JOB.task(2)).unwrap();
+        pool.wait_idle();
+        assert!(first.is_finished() && second.is_finished());
+        let third = pool.submit(JOB.task(3)).unwrap();
+        pool.wait_empty(None).unwrap();
+        assert!(third.is_finished());
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
