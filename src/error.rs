@@ -202,9 +202,12 @@ pub enum ResubmitError {
     /// The dead letter was already resubmitted, as the second task.
     #[error("{0} was already resubmitted as {1}")]
     AlreadyResubmitted(TaskId, TaskId),
-    /// The dead letter's payload was taken with
-    /// [`Pool::take_dead_letter`](crate::Pool::take_dead_letter).
-    #[error("the payload of dead letter {0} was taken")]
+    /// The dead letter's payload is gone: taken with
+    /// [`Pool::take_dead_letter`](crate::Pool::take_dead_letter), purged with
+    /// [`Pool::purge_dead_letter`](crate::Pool::purge_dead_letter), or dropped by the
+    /// [`Builder::dead_letter_limit`](crate::Builder::dead_letter_limit), or it died with a
+    /// worker (see [`Totals::worker_panics`](crate::Totals::worker_panics)).
+    #[error("the payload of dead letter {0} is gone (taken, purged or over the dead-letter limit)")]
     Taken(TaskId),
     /// The dead letter is of another task type than the one given.
     #[error("dead letter {0} is of another task type")]

@@ -73,7 +73,7 @@ pub use builder::{Builder, TypeOptions};
 pub use cancel::{CancelToken, Cancelled};
 pub use clock::ManualClock;
 pub use context::Context;
-pub use dead_letter::DeadLetter;
+pub use dead_letter::{DeadLetter, Resubmitted};
 pub use error::{
     BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind, TaskError, WaitError,
 };

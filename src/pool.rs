@@ -103,8 +103,9 @@ impl Pool {
     /// Submits a task and returns its handle.
     ///
     /// The task starts blocked (it has dependencies that have not succeeded), scheduled (its
-    /// run_at is in the future) or ready. A task with an idempotency key the pool still remembers
-    /// is not added: the existing task's handle is returned.
+    /// run_at is in the future) or ready. A task whose idempotency key another task holds (see
+    /// [`Task::key`]) is not added: that task's handle is returned, marked
+    /// [`is_duplicate`](TaskHandle::is_duplicate).
     ///
     /// # Errors
     ///
@@ -499,6 +500,30 @@ impl Pool {
         id: TaskId,
     ) -> Result<TaskHandle<O>, ResubmitError> {
         self.shared.resubmit(ty, id)
+    }
+
+    /// Like [`resubmit`](Pool::resubmit), and also brings back the dependents that the dead
+    /// letter's failure cancelled (transitively, with the reason
+    /// [`DependencyFailed`](crate::CancelReason::DependencyFailed) or a cascade of it): each runs
+    /// again as a new task with its payload, priority and key (if no other task took it),
+    /// waiting for the new tasks instead of the old ones; their other dependencies stay as they
+    /// were. A dependent that retention has forgotten cannot come back, nor one with another
+    /// dependency the pool has forgotten (it may have failed), nor the dependents of either.
+    /// Their payloads are kept for this until retention drops them.
+    ///
+    /// # Errors
+    ///
+    /// As [`resubmit`](Pool::resubmit).
+    ///
+    /// # Examples
+    ///
+    /// See [`Resubmitted`](crate::Resubmitted).
+    pub fn resubmit_with_dependents<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+        id: TaskId,
+    ) -> Result<crate::Resubmitted<O>, ResubmitError> {
+        self.shared.resubmit_with_dependents(ty, id)
     }
 
     /// Takes a dead letter's payload out of the pool, to inspect it, store it elsewhere or

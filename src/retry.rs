@@ -139,8 +139,9 @@ impl Default for RetryPolicy {
 ///
 /// A panic in a handler is caught and dead-lettered too, but only after it has gone through the
 /// process's panic hook, like any panic: with the default hook it is printed to stderr (with a
-/// backtrace under `RUST_BACKTRACE=1`). Install a hook (`std::panic::set_hook`) to quiet or
-/// redirect it; worker threads are named after [`Builder::thread_name`](crate::Builder::thread_name).
+/// backtrace under `RUST_BACKTRACE=1`). [`Builder::quiet_panics`](crate::Builder::quiet_panics)
+/// keeps a pool's expected panics off it; worker threads are named after
+/// [`Builder::thread_name`](crate::Builder::thread_name).
 ///
 /// `HandlerError` deliberately does not implement `std::error::Error` itself (that would clash with
 /// the blanket conversion); [`source`](HandlerError::source) gives the wrapped error.

@@ -339,8 +339,12 @@ impl<P, O> Task<P, O> {
         self
     }
 
-    /// Sets an idempotency key: while the pool still remembers a task with this key, submitting
-    /// another returns that task's handle instead of running the work again.
+    /// Sets an idempotency key: while a task with this key is unfinished, or has succeeded and
+    /// the pool still remembers it, submitting another returns that task's handle (with
+    /// [`TaskHandle::is_duplicate`](crate::TaskHandle::is_duplicate) set) instead of running the
+    /// work again, and drops the new payload. A task that fails or is cancelled frees its key,
+    /// so the work can be submitted again. A key held by a task of another type is refused
+    /// ([`KeyConflict`](crate::SubmitErrorKind::KeyConflict)).
     ///
     /// # Examples
     ///

@@ -285,3 +285,107 @@ fn a_dead_letter_s_payload_can_be_taken_once() {
         Some(tasq::ResubmitError::Taken(bad.id()))
     );
 }
+
+/// A dead letter brought back with the dependents its failure cancelled: the direct ones, the
+/// ones cancelled in cascade, and those submitted after the failure (cancelled at once, directly
+/// or through another); they run again in dependency order, with their payloads, and their old
+/// records point at the new ones.
+#[test]
+fn a_dead_letter_comes_back_with_the_dependents_its_failure_cancelled() {
+    silence_expected_panics();
+    let fixed = Arc::new(AtomicBool::new(false));
+    let switch = Arc::clone(&fixed);
+    let pool = Pool::builder()
+        .workers(2)
+        .register(
+            JOB,
+            move |_, &(n, behaviour): &(u32, Behaviour)| match behaviour {
+                Behaviour::FailUntilFixed if !switch.load(Ordering::SeqCst) => {
+                    Err(HandlerError::permanent("not fixed yet"))
+                }
+                _ => Ok(n),
+            },
+        )
+        .register(
+            RENDEZVOUS,
+            |_, (arrived, go): &(Sender<()>, Receiver<()>)| {
+                arrived.send(()).unwrap();
+                go.recv_timeout(HANG_GUARD).unwrap();
+                Ok::<_, HandlerError>(())
+            },
+        )
+        .build()
+        .unwrap();
+    // The root waits for a held task, so its dependents are all submitted before it fails.
+    let (arrived_tx, arrived) = crossbeam_channel::bounded(1);
+    let (go, go_rx) = crossbeam_channel::bounded(1);
+    let hold = pool.submit(RENDEZVOUS.task((arrived_tx, go_rx))).unwrap();
+    arrived.recv_timeout(HANG_GUARD).unwrap();
+    let root = pool
+        .submit(JOB.task((1, Behaviour::FailUntilFixed)).after([&hold]))
+        .unwrap();
+    let other = pool.submit(JOB.task((2, Behaviour::Succeed))).unwrap();
+    let child = pool
+        .submit(
+            JOB.task((3, Behaviour::Succeed))
+                .after([&root])
+                .key("child"),
+        )
+        .unwrap();
+    let grandchild = pool
+        .submit(JOB.task((4, Behaviour::Succeed)).after([&child, &other]))
+        .unwrap();
+    go.send(()).unwrap();
+    assert!(finish(&root).is_failed());
+    assert!(finish(&grandchild).is_cancelled());
+    // Submitted after the failure: cancelled at once, directly and through `late`.
+    let late = pool
+        .submit(JOB.task((5, Behaviour::Succeed)).after([&root]))
+        .unwrap();
+    let later = pool
+        .submit(JOB.task((6, Behaviour::Succeed)).after([&late]))
+        .unwrap();
+    assert!(finish(&later).is_cancelled(), "a dependency already failed");
+    // Unrelated: cancelled by a cancel, not by the failure.
+    let unrelated = pool
+        .submit(
+            JOB.task((7, Behaviour::Succeed))
+                .delay(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    unrelated.cancel().unwrap();
+
+    fixed.store(true, Ordering::SeqCst);
+    let again = pool.resubmit_with_dependents(JOB, root.id()).unwrap();
+    let old: Vec<_> = again.dependents.iter().map(|&(old, _)| old).collect();
+    assert_eq!(
+        old,
+        vec![child.id(), grandchild.id(), late.id(), later.id()]
+    );
+    assert_eq!(finish(&again.task), Outcome::Succeeded(1));
+    let outputs: Vec<_> = again
+        .dependents
+        .iter()
+        .map(|&(_, new)| finish(&pool.handle(JOB, new).expect("known")))
+        .collect();
+    let expected: Vec<_> = [3, 4, 5, 6].into_iter().map(Outcome::Succeeded).collect();
+    assert_eq!(outputs, expected);
+    for &(old, new) in &again.dependents {
+        assert_eq!(pool.info(old).unwrap().resubmitted_as, Some(new));
+    }
+    // The brought-back child holds its key again.
+    let dup = pool
+        .submit(JOB.task((9, Behaviour::Succeed)).key("child"))
+        .unwrap();
+    assert!(dup.is_duplicate());
+    assert_eq!(dup.id(), again.dependents[0].1);
+    // A second time finds nothing left to bring back.
+    assert_eq!(
+        pool.resubmit_with_dependents(JOB, root.id()).err(),
+        Some(ResubmitError::AlreadyResubmitted(
+            root.id(),
+            again.task.id()
+        ))
+    );
+    pool.check_invariants().unwrap();
+}

@@ -172,7 +172,12 @@ fn a_failed_or_cancelled_task_frees_its_key() {
     assert_eq!(finish(&retry), Outcome::Succeeded(5));
 
     let cancelled = pool
-        .submit(PICKY.task(6).key("c").delay(std::time::Duration::from_secs(3600)))
+        .submit(
+            PICKY
+                .task(6)
+                .key("c")
+                .delay(std::time::Duration::from_secs(3600)),
+        )
         .unwrap();
     cancelled.cancel().unwrap();
     let again = pool.submit(PICKY.task(7).key("c")).unwrap();
@@ -200,7 +205,12 @@ fn a_resubmitted_dead_letter_takes_its_key_back_unless_another_task_holds_it() {
 
     // Another task takes the key: resubmitting the new dead letter is refused, not run keyless.
     let holder = pool
-        .submit(PICKY.task(3).key("k").delay(std::time::Duration::from_secs(3600)))
+        .submit(
+            PICKY
+                .task(3)
+                .key("k")
+                .delay(std::time::Duration::from_secs(3600)),
+        )
         .unwrap();
     assert!(!holder.is_duplicate());
     assert_eq!(

@@ -3,6 +3,7 @@
 
 mod support_a;
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use support_a::{GATE, HANG_GUARD, finish, gate, gate_handler};
@@ -232,4 +233,58 @@ fn wait_empty_waits_for_everything_and_times_out_while_work_is_left() {
     gate.open();
     assert_eq!(pool.wait_empty(None), Ok(()));
     assert!(held.is_finished());
+}
+
+/// A payload that, when the pool drops it (on the worker, after the task finished), waits on its
+/// own task's handle: that wait must return at once, not be refused as a self-wait.
+struct WaitsOnDrop {
+    own: Arc<OnceLock<TaskHandle<()>>>,
+    /// Says the handle is in `own`.
+    ready: crossbeam_channel::Receiver<()>,
+    report: crossbeam_channel::Sender<bool>,
+}
+
+impl Drop for WaitsOnDrop {
+    fn drop(&mut self) {
+        if let Some(own) = self.own.get() {
+            let returned =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| own.wait())).is_ok();
+            let _ = self.report.send(returned);
+        }
+    }
+}
+
+const DROPS_LATER: TaskType<WaitsOnDrop, ()> = TaskType::new("drops_later");
+
+#[test]
+fn a_worker_is_not_marked_as_running_a_task_after_its_handler_returned() {
+    let pool = Pool::builder()
+        .workers(1)
+        .register(DROPS_LATER, |_, payload: &WaitsOnDrop| {
+            // Finish only once the test has put the handle in the payload.
+            payload
+                .ready
+                .recv_timeout(HANG_GUARD)
+                .map_err(|_| HandlerError::permanent("the test never sent the handle"))
+        })
+        .build()
+        .unwrap();
+    let own = Arc::new(OnceLock::new());
+    let (report, reported) = crossbeam_channel::bounded(1);
+    let (ready_tx, ready) = crossbeam_channel::bounded(1);
+    let handle = pool
+        .submit(DROPS_LATER.task(WaitsOnDrop {
+            own: Arc::clone(&own),
+            ready,
+            report,
+        }))
+        .unwrap();
+    own.set(handle.clone()).unwrap();
+    ready_tx.send(()).unwrap();
+    assert!(finish(&handle).is_succeeded());
+    assert_eq!(
+        reported.recv_timeout(HANG_GUARD),
+        Ok(true),
+        "the wait in the payload's Drop was refused as a self-wait"
+    );
 }

@@ -40,7 +40,11 @@ fn a_handler_sleeping_on_a_manual_clock_wakes_when_the_clock_reaches_its_deadlin
         let handle = pool.submit(NAP.task((until, started_tx))).unwrap();
         started.recv_timeout(GUARD).unwrap();
         clock.advance(Duration::from_secs(59));
-        assert_eq!(handle.try_wait(), None, "round {round}: woke a second early");
+        assert_eq!(
+            handle.try_wait(),
+            None,
+            "round {round}: woke a second early"
+        );
         clock.advance(Duration::from_secs(1));
         let outcome = handle
             .wait_timeout(GUARD)
@@ -57,12 +61,15 @@ fn system_pool(workers: usize) -> Pool {
     Pool::builder()
         .workers(workers)
         .register(STAMP, |_, _: &()| Ok::<_, HandlerError>(Instant::now()))
-        .register(HOLD, |_, (started, release): &(Sender<()>, Receiver<()>)| {
-            started.send(()).unwrap();
-            release
-                .recv_timeout(GUARD)
-                .map_err(|_| HandlerError::permanent("never released"))
-        })
+        .register(
+            HOLD,
+            |_, (started, release): &(Sender<()>, Receiver<()>)| {
+                started.send(()).unwrap();
+                release
+                    .recv_timeout(GUARD)
+                    .map_err(|_| HandlerError::permanent("never released"))
+            },
+        )
         .build()
         .unwrap()
 }
@@ -129,12 +136,15 @@ fn a_shutdown_from_a_handler_waits_for_the_other_workers() {
     let pool = Arc::new(
         Pool::builder()
             .workers(2)
-            .register(HOLD, |_, (started, release): &(Sender<()>, Receiver<()>)| {
-                started.send(()).unwrap();
-                release
-                    .recv_timeout(GUARD)
-                    .map_err(|_| HandlerError::permanent("never released"))
-            })
+            .register(
+                HOLD,
+                |_, (started, release): &(Sender<()>, Receiver<()>)| {
+                    started.send(()).unwrap();
+                    release
+                        .recv_timeout(GUARD)
+                        .map_err(|_| HandlerError::permanent("never released"))
+                },
+            )
             .register(SHUT_DOWN, move |_, pool: &Arc<Pool>| {
                 entered_tx.send(()).unwrap();
                 let _ = pool.shutdown(Duration::MAX);
@@ -160,7 +170,11 @@ fn a_shutdown_from_a_handler_waits_for_the_other_workers() {
     done.recv_timeout(GUARD)
         .expect("shutdown returned once the other worker left");
     assert!(held.wait_timeout(GUARD).is_some_and(|o| o.is_succeeded()));
-    assert!(shutter.wait_timeout(GUARD).is_some_and(|o| o.is_cancelled()));
+    assert!(
+        shutter
+            .wait_timeout(GUARD)
+            .is_some_and(|o| o.is_cancelled())
+    );
 }
 
 /// A cancelled delayed task leaves a stale entry in the delayed heap until it reaches the top:

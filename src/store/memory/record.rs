@@ -45,6 +45,14 @@ pub(crate) struct Extra {
     pub(crate) failure: Option<Failure>,
     /// The task a dead letter was resubmitted as.
     pub(crate) resubmitted_as: Option<Seq>,
+    /// The dependencies the task was submitted with (only while it has some), to bring it back
+    /// after a failed dependency cancelled it.
+    pub(crate) dependencies: Vec<Seq>,
+    /// Of a dead letter: the dependents its failure cancelled, transitively, which keep their
+    /// payloads until retention drops them.
+    pub(crate) cascade: Vec<Seq>,
+    /// Of a task in a dead letter's cascade: that dead letter.
+    pub(crate) cascade_root: Option<Seq>,
     /// A dead letter whose record retention has passed over: it is kept only while it stays a
     /// dead letter (until taken, resubmitted or pushed out by the dead-letter limit).
     pub(crate) expired: bool,

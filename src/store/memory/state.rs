@@ -352,8 +352,30 @@ impl State {
             self.keys.insert(Arc::clone(&key), id);
             record.extra().key = Some(key);
         }
+        if !task.dependencies.is_empty() {
+            // Kept to bring the task back if a failed dependency cancels it.
+            record.extra().dependencies = std::mem::take(&mut task.dependencies);
+        }
         self.records.insert(id, record);
         self.counts.enter(TaskState::Blocked);
+        // Cancelled at once by a dead letter, directly or through a task it cancelled: part of
+        // what that dead letter brings back.
+        let cascade_root = match doomed {
+            Some(CancelReason::DependencyFailed(failed)) => Some(failed.seq()),
+            Some(CancelReason::DependencyCancelled(cancelled)) => self
+                .records
+                .get(&cancelled.seq())
+                .and_then(|r| r.extra.as_ref()?.cascade_root),
+            _ => None,
+        };
+        if let Some(root) = cascade_root {
+            if let Some(extra) = self.records.get_mut(&root).and_then(|r| r.extra.as_mut()) {
+                extra.cascade.push(id);
+            }
+            if let Some(record) = self.records.get_mut(&id) {
+                record.extra().cascade_root = Some(root);
+            }
+        }
 
         if let Some(reason) = doomed {
             self.finish(id, End::Cancelled(reason), now, effects);
@@ -533,6 +555,11 @@ impl State {
 
     /// Ends a task, then releases or cancels its dependents, transitively (invariant 6).
     fn finish(&mut self, seq: Seq, end: End, now: Instant, effects: &mut Effects) {
+        let root = seq;
+        // A dead letter's cascade keeps the payloads of the dependents it cancels, to bring them
+        // back with it (`resubmit_with_dependents`).
+        let keep_payloads = matches!(end, End::Failed(_));
+        let mut cascade = Vec::new();
         // Cascades are rare: the stack allocates only when a dependent must be cancelled.
         let mut next = Some((seq, end));
         let mut work = Vec::new();
@@ -542,6 +569,9 @@ impl State {
             };
             if record.state.is_terminal() {
                 continue; // reached twice through two cancelled dependencies
+            }
+            if seq != root {
+                cascade.push(seq);
             }
             if record.state == TaskState::Ready {
                 self.ready.forget(record.priority);
@@ -567,8 +597,22 @@ impl State {
                 End::Cancelled(reason) => {
                     record.state = TaskState::Cancelled;
                     self.totals.cancelled += 1;
-                    if let Some(payload) = record.payload.take() {
-                        effects.drop_later(payload);
+                    // So does a task submitted after such a cascade (cancelled here at once).
+                    let keep = if seq == root {
+                        record
+                            .extra
+                            .as_ref()
+                            .is_some_and(|e| e.cascade_root.is_some())
+                    } else {
+                        keep_payloads
+                    };
+                    if keep && seq != root {
+                        record.extra().cascade_root = Some(root);
+                    }
+                    if !keep {
+                        if let Some(payload) = record.payload.take() {
+                            effects.drop_later(payload);
+                        }
                     }
                     Finished::Cancelled(reason)
                 }
@@ -613,6 +657,11 @@ impl State {
                         End::Cancelled(CancelReason::DependencyCancelled(id)),
                     )),
                 }
+            }
+        }
+        if keep_payloads && !cascade.is_empty() {
+            if let Some(record) = self.records.get_mut(&root) {
+                record.extra().cascade = cascade;
             }
         }
         self.enforce_dead_letter_limit(effects);
@@ -747,6 +796,82 @@ impl State {
         }
         // Allocated under the lock: resubmitting is rare.
         Ok(self.insert(task, Completion::new(), now, effects))
+    }
+
+    /// Resubmits a dead letter (as [`resubmit`](State::resubmit)), then brings back the
+    /// dependents its failure cancelled, transitively, each as a new task with its payload,
+    /// priority and key (if free), depending on the new tasks in place of the old ones. A
+    /// dependency of theirs outside the cascade stays as it was; a dependent retention forgot,
+    /// already brought back, or with a dependency outside the cascade that the pool forgot, is
+    /// skipped (so are its own dependents, which wait for it). Returns the
+    /// new task, and each dependent brought back with its new id.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn resubmit_with_dependents(
+        &mut self,
+        id: TaskId,
+        type_index: u32,
+        now: Instant,
+        effects: &mut Effects,
+    ) -> Result<(TaskId, Arc<Completion>, Vec<(TaskId, TaskId)>), ResubmitError> {
+        let mut cascade = self
+            .record(id)
+            .and_then(|(_, r)| r.extra.as_ref())
+            .map(|e| e.cascade.clone())
+            .unwrap_or_default();
+        let (new_id, completion) = self.resubmit(id, type_index, now, effects)?;
+        // Dependencies have smaller ids than their dependents: in id order, each dependent's
+        // dependencies in the cascade are back before it.
+        cascade.sort_unstable();
+        let mut renamed: HashMap<Seq, Seq> = HashMap::from([(id.seq(), new_id.seq())]);
+        let mut brought_back = Vec::new();
+        for old in cascade {
+            let Some(record) = self.records.get(&old) else {
+                continue;
+            };
+            let extra = record.extra.as_deref();
+            if record.state != TaskState::Cancelled
+                || record.payload.is_none()
+                || extra.is_some_and(|e| e.resubmitted_as.is_some())
+            {
+                continue;
+            }
+            // A dependency outside the cascade that the pool forgot may have failed: such a
+            // dependent cannot be brought back safely.
+            let Some(dependencies) = extra
+                .map(|e| e.dependencies.as_slice())
+                .unwrap_or_default()
+                .iter()
+                .map(|dep| {
+                    renamed
+                        .get(dep)
+                        .copied()
+                        .or_else(|| self.records.contains_key(dep).then_some(*dep))
+                })
+                .collect::<Option<Vec<Seq>>>()
+            else {
+                continue;
+            };
+            let key = record
+                .key()
+                .filter(|k| !self.keys.contains_key(&***k))
+                .map(|k| k.to_string());
+            let (type_index, priority) = (record.type_index, record.priority);
+            let record = self.records.get_mut(&old).expect("looked up above");
+            let payload = record.payload.take().expect("checked above");
+            record.extra().resubmitted_as = Some(self.next_id);
+            let task = NewTask {
+                type_index,
+                payload,
+                priority,
+                run_at: now,
+                dependencies,
+                key,
+            };
+            let (new, _) = self.insert(task, Completion::new(), now, effects);
+            renamed.insert(old, new.seq());
+            brought_back.push((self.id(old), new));
+        }
+        Ok((new_id, completion, brought_back))
     }
 
     /// Takes a dead letter's payload out, if it is of type `type_index`: the task stays failed

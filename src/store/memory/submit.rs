@@ -5,6 +5,7 @@ use std::any::TypeId;
 use std::sync::Arc;
 
 use super::{Effects, NewTask, Shared};
+use crate::dead_letter::Resubmitted;
 use crate::error::{ResubmitError, SubmitError, SubmitErrorKind};
 use crate::handle::{Completion, TaskHandle};
 use crate::store::Store;
@@ -142,6 +143,24 @@ impl Shared {
             Arc::downgrade(self),
             false,
         ))
+    }
+
+    /// See [`Pool::resubmit_with_dependents`](crate::Pool::resubmit_with_dependents).
+    pub(crate) fn resubmit_with_dependents<P: 'static, O: 'static>(
+        self: &Arc<Self>,
+        ty: TaskType<P, O>,
+        id: TaskId,
+    ) -> Result<Resubmitted<O>, ResubmitError> {
+        let type_index = self
+            .type_index(ty)
+            .map_err(|_| ResubmitError::TypeMismatch(id))?;
+        let (new, completion, dependents) = self.transition(|state, now, effects| {
+            state.resubmit_with_dependents(id, type_index, now, effects)
+        })?;
+        Ok(Resubmitted {
+            task: TaskHandle::new(new, completion, Arc::downgrade(self), false),
+            dependents,
+        })
     }
 
     /// See [`Pool::take_dead_letter`](crate::Pool::take_dead_letter).

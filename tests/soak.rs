@@ -1,0 +1,2177 @@
+//! Soak: a long randomized run that mixes every feature at once with a SMALL retention, then
+//! checks the run's invariants.
+//!
+//! The worst bugs found so far were interactions that no single-feature test reached (issue 7,
+//! item 0: retention forgot a cancelled blocked task that a pending dependency still listed, and
+//! every worker died). So one producer submits hundreds of thousands of tasks of three types
+//! (three, five and one attempts), each chosen at random: succeeding, failing retryably a few
+//! times then succeeding, exhausting its retries, failing permanently, failing permanently only on
+//! its first run ever (so resubmitting it succeeds), panicking, or sleeping on its token; with
+//! priorities, delays and run_at times (some in the past), dependencies on 1–3 recent, delayed,
+//! failing or long-forgotten tasks, given as ids or as handles (a refusal with
+//! `UnknownDependency` is an accepted, counted outcome), and idempotency keys from a small set
+//! (duplicates and cross-type conflicts happen). Meanwhile the producer lists dead letters (all,
+//! by type, by page) and resubmits (now and then with the wrong type), takes or purges them; a
+//! canceller thread cancels random tasks (and the ones the producer marked: blocked, delayed and
+//! ordinary ones), through the pool or a handle, at random moments; a sampler thread watches
+//! `stats()`; and the run ends with a `shutdown` whose deadline is drawn at random (sometimes too
+//! short to drain, sometimes while the producer is still submitting). The producer waits (briefly)
+//! while more than a few thousand tasks are queued, so that delays, dependencies and cancels meet
+//! a live pool rather than a queue a million deep.
+//!
+//! Two tests: `count_retention` runs on the system clock with a retention of 16–64 records and
+//! no age limit; `age_retention_on_a_manual_clock` runs on a `ManualClock` that a thread keeps
+//! advancing (and now and then jumps past the age limit), with an age limit of 20 ms of pool time.
+//! Both keep few dead letters (`dead_letter_limit`).
+//!
+//! Checked (all violations are collected, then reported together, with the seed): every accepted
+//! task's handle returns a terminal outcome after shutdown (`wait_timeout`, so a hang becomes a
+//! failure; a watchdog turns any other hang into a failure too); every handle of one id (clones,
+//! deduplicated submits, `pool.handle`) gives the same outcome, and a duplicate's id is one of
+//! the tasks that held its key; each outcome fits what the handler was told to do and how many
+//! attempts it saw; attempts never exceed the type's limit; a task cancelled before it started
+//! never started afterwards; a dependent never started before every dependency's handler had
+//! returned `Ok` and every dependency succeeded, and a task cancelled because of a dependency
+//! never ran; the totals balance (submitted = succeeded + failed + cancelled), match the handles
+//! and the shutdown report; the tasks the report calls interrupted ran and ended cancelled; the
+//! dead letters are failed tasks with the same failure, neither taken, purged nor resubmitted, and
+//! every refusal of a resubmit fits; `stats().workers` never dropped below the configured count
+//! while the run lasted and `totals.worker_panics` stayed 0; the pool never forgot an unfinished
+//! task; and the engine's own `check_invariants` holds every 10,000 submits and at the end.
+//!
+//! `TASQ_SOAK_TASKS` sets the number of tasks per test (default 300,000); `TASQ_SOAK_SEED`
+//! replays a run (the seed is printed, and named in every failure; each task's choices come from
+//! the seed and its number, what the pool does with them still depends on timing).
+//! `TASQ_SOAK_WATCHDOG_SECS` (default 240) bounds each test's whole run.
+
+mod support_b;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::io::Write;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use tasq::{
+    CancelError, CancelOutcome, CancelReason, Context, FailureReason, HandlerError, ManualClock,
+    Outcome, Pool, ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, TaskHandle, TaskId,
+    TaskState, TaskType, TypeOptions,
+};
+
+const PANIC_MARKER: &str = "tasq soak: expected panic";
+
+/// Pool default: three attempts, the pool-wide retry policy.
+const FAST: TaskType<Job, u64> = TaskType::new("soak-fast");
+const FAST_ATTEMPTS: u32 = 3;
+/// Five attempts, its own (even shorter) retry policy.
+const PATIENT: TaskType<Job, u64> = TaskType::new("soak-patient");
+const PATIENT_ATTEMPTS: u32 = 5;
+/// One attempt: any error dead-letters it.
+const ONCE: TaskType<Job, u64> = TaskType::new("soak-once");
+const ONCE_ATTEMPTS: u32 = 1;
+
+/// How long the end of the run waits for one unfinished handle before calling it a hang.
+const HANDLE_WAIT: Duration = Duration::from_secs(30);
+/// Submits between two calls of the engine's own invariant check.
+const CHECK_EVERY: u64 = 10_000;
+
+// ===== the seeded generator =====
+
+/// splitmix64.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        mix(self.0)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// True with probability `n / d`.
+    fn chance(&mut self, n: u64, d: u64) -> bool {
+        self.below(d) < n
+    }
+
+    fn duration_below(&mut self, max: Duration) -> Duration {
+        Duration::from_nanos(self.below(max.as_nanos().max(1) as u64))
+    }
+}
+
+/// A cheap hash for the test's many maps keyed by task id (SipHash made the end-of-run checks
+/// of a debug build take seconds).
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdBuild = BuildHasherDefault<IdHasher>;
+type IdMap<V> = HashMap<TaskId, V, IdBuild>;
+type IdSet = HashSet<TaskId, IdBuild>;
+
+// ===== the tasks =====
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Ty {
+    Fast,
+    Patient,
+    Once,
+}
+
+impl Ty {
+    fn task_type(self) -> TaskType<Job, u64> {
+        match self {
+            Ty::Fast => FAST,
+            Ty::Patient => PATIENT,
+            Ty::Once => ONCE,
+        }
+    }
+
+    fn limit(self) -> u32 {
+        match self {
+            Ty::Fast => FAST_ATTEMPTS,
+            Ty::Patient => PATIENT_ATTEMPTS,
+            Ty::Once => ONCE_ATTEMPTS,
+        }
+    }
+}
+
+/// What a task's handler does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Succeed,
+    /// Fails retryably this many attempts (always fewer than the limit), then succeeds.
+    Transient(u32),
+    /// Fails retryably every time: dead-lettered as exhausted.
+    Exhaust,
+    Permanent,
+    /// Fails permanently on the first run of its payload ever, succeeds on any later run (that
+    /// is, once resubmitted).
+    PermanentOnce,
+    Panic,
+    /// Sleeps this many microseconds on its token (pool clock), then succeeds.
+    Slow(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Job {
+    seq: u64,
+    ty: Ty,
+    kind: Kind,
+}
+
+impl Job {
+    fn output(&self) -> u64 {
+        self.seq * 2 + 1
+    }
+}
+
+fn make_job(rng: &mut Rng, seq: u64) -> Job {
+    let ty = match rng.below(100) {
+        0..50 => Ty::Fast,
+        50..85 => Ty::Patient,
+        _ => Ty::Once,
+    };
+    let limit = ty.limit();
+    let kind = match rng.below(1000) {
+        700..820 if limit > 1 => Kind::Transient(1 + rng.below(u64::from(limit - 1)) as u32),
+        820..850 => Kind::Exhaust,
+        850..885 => Kind::Permanent,
+        885..915 => Kind::PermanentOnce,
+        915..935 => Kind::Panic,
+        935..1000 => Kind::Slow(20 + rng.below(180) as u32),
+        _ => Kind::Succeed,
+    };
+    Job { seq, ty, kind }
+}
+
+// ===== what the handlers saw =====
+
+#[derive(Clone, Copy, Debug)]
+struct Runs {
+    /// Handler calls.
+    runs: u32,
+    /// Highest attempt number seen.
+    max_attempt: u32,
+    /// Logical times of the first and the last handler start.
+    first_start: u64,
+    last_start: u64,
+    /// Logical time at which a handler of this task last returned `Ok`.
+    last_ok: Option<u64>,
+    /// A handler of this task saw its token fire.
+    saw_token: bool,
+}
+
+/// The handlers' log, sharded to keep the workers from queueing on one lock, with a logical
+/// clock shared by handler starts, handler returns and cancels, to order them.
+struct Recorder {
+    shards: Vec<Mutex<IdMap<Runs>>>,
+    clock: AtomicU64,
+    /// Per payload `seq`: whether a `PermanentOnce` payload has run before.
+    ran_once: Vec<AtomicBool>,
+}
+
+impl Recorder {
+    fn new(tasks: u64) -> Self {
+        Recorder {
+            shards: (0..64).map(|_| Mutex::new(IdMap::default())).collect(),
+            clock: AtomicU64::new(1),
+            ran_once: (0..tasks).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn shard(&self, id: TaskId) -> &Mutex<IdMap<Runs>> {
+        // The top bits: the multiply mixes low input bits upwards.
+        &self.shards[(IdBuild::default().hash_one(id) >> 58) as usize]
+    }
+
+    fn start(&self, id: TaskId, attempt: u32) {
+        let now = self.tick();
+        let mut shard = self.shard(id).lock().unwrap();
+        let runs = shard.entry(id).or_insert(Runs {
+            runs: 0,
+            max_attempt: 0,
+            first_start: now,
+            last_start: now,
+            last_ok: None,
+            saw_token: false,
+        });
+        runs.runs += 1;
+        runs.max_attempt = runs.max_attempt.max(attempt);
+        runs.last_start = now;
+    }
+
+    fn returned(&self, id: TaskId, ok: bool, saw_token: bool) {
+        let now = self.tick();
+        if let Some(runs) = self.shard(id).lock().unwrap().get_mut(&id) {
+            if ok {
+                runs.last_ok = Some(now);
+            }
+            runs.saw_token |= saw_token;
+        }
+    }
+
+    fn get(&self, id: TaskId) -> Option<Runs> {
+        self.shard(id).lock().unwrap().get(&id).copied()
+    }
+}
+
+fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError> {
+    recorder.start(ctx.id(), ctx.attempt());
+    let result = match job.kind {
+        Kind::Succeed => Ok(job.output()),
+        Kind::Transient(fails) if ctx.attempt() <= fails => Err(HandlerError::retryable(format!(
+            "transient failure {}",
+            ctx.attempt()
+        ))),
+        Kind::Transient(_) => Ok(job.output()),
+        Kind::Exhaust => Err(HandlerError::retryable("always fails")),
+        Kind::Permanent => Err(HandlerError::permanent("permanent failure")),
+        Kind::PermanentOnce => {
+            if recorder.ran_once[job.seq as usize].swap(true, Ordering::SeqCst) {
+                Ok(job.output())
+            } else {
+                Err(HandlerError::permanent("first run fails"))
+            }
+        }
+        Kind::Panic => panic!("{PANIC_MARKER} {}", job.seq),
+        Kind::Slow(micros) => match ctx.sleep(Duration::from_micros(u64::from(micros))) {
+            Ok(()) => Ok(job.output()),
+            Err(tasq::Cancelled) => Err(HandlerError::retryable("interrupted")),
+        },
+    };
+    recorder.returned(ctx.id(), result.is_ok(), ctx.is_cancelled());
+    result
+}
+
+/// Keeps the expected panics' messages out of the output; every other panic (the engine's!)
+/// still prints.
+fn silence_expected_panics() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let default = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied());
+            if message.is_some_and(|m| m.contains(PANIC_MARKER)) {
+                return;
+            }
+            default(info);
+        }));
+    });
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
+}
+
+/// Runs a call into the pool from one of the test's own threads; an engine panic there (under
+/// its lock, as in issue 7) becomes a finding instead of tearing the run down.
+fn guarded<R>(
+    findings: &Findings,
+    what: impl FnOnce() -> String,
+    f: impl FnOnce() -> R,
+) -> Option<R> {
+    match panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => Some(r),
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            findings.add("engine panicked in a test thread", || {
+                format!("{} panicked: {message}", what())
+            });
+            None
+        }
+    }
+}
+
+// ===== findings =====
+
+/// Every violation of the run, counted by kind, with the first few of each kind spelled out.
+#[derive(Default)]
+struct Findings {
+    inner: Mutex<FindingsInner>,
+}
+
+#[derive(Default)]
+struct FindingsInner {
+    by_kind: BTreeMap<&'static str, usize>,
+    examples: Vec<String>,
+}
+
+impl Findings {
+    fn add(&self, kind: &'static str, message: impl FnOnce() -> String) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let n = inner.by_kind.entry(kind).or_insert(0);
+        *n += 1;
+        if *n <= 4 && inner.examples.len() < 80 {
+            let message = message();
+            inner.examples.push(format!("[{kind}] {message}"));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.inner.lock().unwrap().by_kind.is_empty()
+    }
+
+    fn summary(&self) -> String {
+        let inner = self.inner.lock().unwrap();
+        let mut out = String::from("violations by kind:\n");
+        for (kind, n) in &inner.by_kind {
+            out += &format!("  {n:>7} × {kind}\n");
+        }
+        out += "first examples:\n";
+        for example in &inner.examples {
+            out += &format!("  - {example}\n");
+        }
+        out
+    }
+}
+
+/// The engine's own state-machine check (a hidden `Pool::check_invariants`).
+fn engine_invariants(pool: &Pool, when: &str, findings: &Findings) {
+    let result = guarded(
+        findings,
+        || format!("check_invariants ({when})"),
+        || pool.check_invariants(),
+    );
+    if let Some(Err(broken)) = result {
+        findings.add("check_invariants failed", || format!("{when}: {broken}"));
+    }
+}
+
+// ===== the watchdog =====
+
+/// Turns a hang anywhere in a test into a failure with a message: if the test has not finished
+/// within its limit, it writes what it was doing to stderr (not captured by the test harness)
+/// and exits the test binary.
+struct Watchdog {
+    done: Arc<AtomicBool>,
+    phase: Arc<Mutex<String>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn start(
+        name: &'static str,
+        seed: u64,
+        limit: Duration,
+        last_stats: Arc<Mutex<String>>,
+    ) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        let phase = Arc::new(Mutex::new("starting".to_owned()));
+        let thread = thread::spawn({
+            let (done, phase) = (Arc::clone(&done), Arc::clone(&phase));
+            move || {
+                let started = Instant::now();
+                while !done.load(Ordering::SeqCst) {
+                    if started.elapsed() > limit {
+                        let phase = phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        let stats = last_stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "\nsoak {name}: WATCHDOG: the test did not finish within {limit:?} \
+                             (hung?), still in phase `{phase}` (seed {seed}; replay with TASQ_SOAK_SEED={seed}).\n\
+                             last stats() sample: {stats}\nexiting the test binary."
+                        );
+                        std::process::exit(101);
+                    }
+                    thread::sleep(Duration::from_millis(50));
+                }
+            }
+        });
+        Watchdog {
+            done,
+            phase,
+            thread: Some(thread),
+        }
+    }
+
+    fn phase(&self, phase: impl Into<String>) {
+        *self.phase.lock().unwrap() = phase.into();
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+// ===== the run =====
+
+#[derive(Clone)]
+enum TestClock {
+    System,
+    Manual(ManualClock),
+}
+
+impl TestClock {
+    fn now(&self) -> Instant {
+        match self {
+            TestClock::System => Instant::now(),
+            TestClock::Manual(clock) => clock.now(),
+        }
+    }
+}
+
+struct Config {
+    name: &'static str,
+    thread_name: &'static str,
+    tasks: u64,
+    seed: u64,
+    workers: usize,
+    retention_count: usize,
+    max_age: Option<Duration>,
+    dead_letter_limit: usize,
+    clock: TestClock,
+    /// Delays and run_at offsets are drawn below this.
+    delay_max: Duration,
+    /// The shutdown's timeout (on the pool's clock).
+    shutdown_timeout: Duration,
+    /// Shutdown begins once this many tasks were accepted (or when the producer is done).
+    shutdown_after: u64,
+}
+
+/// An accepted task, as the producer knows it.
+struct Accepted {
+    job: Job,
+    deps: Vec<TaskId>,
+    key: Option<String>,
+    /// The dead letter this task resubmits.
+    resubmit_of: Option<TaskId>,
+    handle: TaskHandle<u64>,
+}
+
+/// What the producer hands the canceller.
+struct Msg {
+    id: TaskId,
+    ty: Ty,
+    handle: TaskHandle<u64>,
+    /// Cancel this one soon (a blocked, delayed or ordinary task picked by the producer).
+    cancel_soon: bool,
+}
+
+#[derive(Debug)]
+enum CancelResult {
+    Done(CancelOutcome),
+    /// `UnknownTask` (forgotten) or another error (a finding).
+    Refused,
+    Panicked,
+}
+
+#[derive(Debug)]
+struct CancelRecord {
+    id: TaskId,
+    /// Logical times just before the call and just after it returned.
+    before: u64,
+    after: u64,
+    /// `pool.status(id)` just before the call.
+    seen: Option<TaskState>,
+    result: CancelResult,
+}
+
+#[derive(Default, Debug)]
+struct Counters {
+    accepted: u64,
+    deduplicated: u64,
+    unknown_dependency: u64,
+    key_conflict: u64,
+    refused_shut_down: u64,
+    resubmitted: u64,
+    /// Dependents brought back by `resubmit_with_dependents`.
+    brought_back: u64,
+    /// Of those, the ones that finished and were forgotten before the test got a handle.
+    brought_back_unseen: u64,
+    resubmit_refused: BTreeMap<&'static str, u64>,
+    taken: u64,
+    purged: u64,
+    with_dependencies: u64,
+    delayed: u64,
+}
+
+/// The producer's results.
+struct Produced {
+    tasks: IdMap<Accepted>,
+    /// Handles of deduplicated submits: (id, handle).
+    extra_handles: Vec<(TaskId, TaskHandle<u64>)>,
+    dead: DeadLetterLog,
+    counters: Counters,
+}
+
+struct Shared<'a> {
+    pool: &'a Pool,
+    recorder: &'a Recorder,
+    findings: &'a Findings,
+    /// Set just before the shutdown is triggered.
+    shutting_down: &'a AtomicBool,
+    /// Set once the producer, canceller and shutdown are done: stops the sampler and advancer.
+    stop: &'a AtomicBool,
+    last_stats: &'a Mutex<String>,
+    /// Set by the sampler once a worker is gone: the producer stops waiting for the backlog.
+    workers_lost: &'a AtomicBool,
+}
+
+fn produce(
+    sh: &Shared<'_>,
+    cfg: &Config,
+    msgs: Sender<Msg>,
+    trigger: &Sender<()>,
+    watchdog: &Watchdog,
+) -> Produced {
+    let (pool, findings) = (sh.pool, sh.findings);
+    // The dead-letter step's draws depend on what the pool lists: its own stream, so that they
+    // do not shift the tasks' choices.
+    let mut dead_rng = Rng(mix(cfg.seed ^ 0xDEAD));
+    let mut tasks: IdMap<Accepted> =
+        IdMap::with_capacity_and_hasher(cfg.tasks as usize * 11 / 10, IdBuild::default());
+    let mut extra_handles = Vec::new();
+    let mut dead = DeadLetterLog::default();
+    let mut c = Counters::default();
+    let mut ids_with_key: HashMap<String, Vec<TaskId>> = HashMap::new();
+    // Rings of ids to depend on, cancel and resubmit.
+    let mut recent: VecDeque<TaskId> = VecDeque::with_capacity(33);
+    let mut waiting: VecDeque<TaskId> = VecDeque::with_capacity(17);
+    let mut old: Vec<TaskId> = Vec::with_capacity(4096);
+    let mut failing: VecDeque<TaskId> = VecDeque::with_capacity(65);
+    let mut shutdown_sent = false;
+    let send_trigger = |sent: &mut bool| {
+        if !*sent {
+            *sent = true;
+            sh.shutting_down.store(true, Ordering::SeqCst);
+            let _ = trigger.try_send(());
+        }
+    };
+    let push_ring = |ring: &mut VecDeque<TaskId>, id: TaskId, cap: usize| {
+        if ring.len() == cap {
+            ring.pop_front();
+        }
+        ring.push_back(id);
+    };
+
+    for seq in 0..cfg.tasks {
+        // Each task's choices come from its own stream: the same for a seed whatever the timing
+        // (which ids they pick among still depends on what the pool did).
+        let mut rng = Rng(mix(cfg.seed ^ mix(seq)));
+        if seq % CHECK_EVERY == 0 && seq > 0 {
+            watchdog.phase(format!("producing: {seq} of {} submits", cfg.tasks));
+            engine_invariants(pool, &format!("after {seq} submits"), findings);
+        }
+        if c.accepted >= cfg.shutdown_after {
+            send_trigger(&mut shutdown_sent);
+        }
+        if seq % 256 == 0 {
+            wait_for_backlog(sh);
+        }
+
+        // Now and then: resubmit, or take, a dead letter.
+        if rng.chance(1, 150) {
+            dead_letter_step(
+                sh,
+                &mut dead_rng,
+                &mut tasks,
+                &mut dead,
+                &mut c,
+                &mut ids_with_key,
+                &mut failing,
+                &msgs,
+                shutdown_sent,
+            );
+        }
+
+        let job = make_job(&mut rng, seq);
+        let mut task = job.ty.task_type().task(job);
+        task = task.priority(match rng.below(20) {
+            0 => u8::MAX,
+            1 => rng.below(256) as u8,
+            n => (n % 4) as u8,
+        });
+        let now = sh_now(cfg);
+        let mut waits = false;
+        match rng.below(100) {
+            0..8 => {
+                task = task.delay(rng.duration_below(cfg.delay_max));
+                waits = true;
+            }
+            8..11 => {
+                task = task.run_at(now + rng.duration_below(cfg.delay_max));
+                waits = true;
+            }
+            11 => task = task.run_at(now.checked_sub(Duration::from_millis(1)).unwrap_or(now)),
+            _ => {}
+        }
+        let mut deps = Vec::new();
+        let mut deps_as_handles = false;
+        if rng.chance(1, 5) && !recent.is_empty() {
+            for _ in 0..1 + rng.below(3) {
+                let pick = match rng.below(10) {
+                    0..4 => recent[rng.below(recent.len() as u64) as usize],
+                    4..7 if !waiting.is_empty() => {
+                        waiting[rng.below(waiting.len() as u64) as usize]
+                    }
+                    7 if !failing.is_empty() => failing[rng.below(failing.len() as u64) as usize],
+                    _ if !old.is_empty() => old[rng.below(old.len() as u64) as usize],
+                    _ => recent[rng.below(recent.len() as u64) as usize],
+                };
+                deps.push(pick);
+            }
+            // As ids, or as handles (a forgotten dependency that a handle shows succeeded is
+            // satisfied).
+            deps_as_handles = rng.chance(1, 2);
+            if deps_as_handles {
+                let handles: Vec<&TaskHandle<u64>> =
+                    deps.iter().map(|d| &tasks[d].handle).collect();
+                task = task.after(handles);
+            } else {
+                task = task.after(deps.iter().copied());
+            }
+            waits = true;
+        }
+        let key = if rng.chance(6, 100) {
+            Some(format!("{}-{}", job.ty.task_type().name(), rng.below(48)))
+        } else if rng.chance(1, 200) {
+            // Shared by all three types: conflicts happen.
+            Some(format!("shared-{}", rng.below(4)))
+        } else {
+            None
+        };
+        if let Some(key) = &key {
+            task = task.key(key.clone());
+        }
+        let cancel_soon = if !deps.is_empty() {
+            rng.chance(15, 100)
+        } else if waits {
+            rng.chance(10, 100)
+        } else {
+            rng.chance(2, 100)
+        };
+
+        let submitted = guarded(
+            findings,
+            || format!("submit of {job:?} after {deps:?}"),
+            || pool.submit(task),
+        );
+        let Some(submitted) = submitted else { continue };
+        match submitted {
+            Ok(handle) => {
+                let id = handle.id();
+                if handle.is_duplicate() != tasks.contains_key(&id) {
+                    findings.add("is_duplicate() is wrong", || {
+                        format!(
+                            "{job:?} with key {key:?} got {id}, is_duplicate() {}, known {}",
+                            handle.is_duplicate(),
+                            tasks.contains_key(&id)
+                        )
+                    });
+                }
+                if tasks.contains_key(&id) {
+                    // Deduplicated by its key: the handle must be that of a task that held it.
+                    c.deduplicated += 1;
+                    match &key {
+                        None => findings
+                            .add("a submit without a key returned a known task", || {
+                                format!("{job:?} got {id} ({:?})", tasks[&id].job)
+                            }),
+                        Some(key) => {
+                            if !ids_with_key.get(key).is_some_and(|ids| ids.contains(&id)) {
+                                findings.add(
+                                    "a duplicate matched a task that never held its key",
+                                    || {
+                                        format!(
+                                            "key {key:?} returned {id}; holders: {:?}",
+                                            ids_with_key.get(key)
+                                        )
+                                    },
+                                );
+                            }
+                        }
+                    }
+                    extra_handles.push((id, handle));
+                    continue;
+                }
+                c.accepted += 1;
+                if !deps.is_empty() {
+                    c.with_dependencies += 1;
+                }
+                if waits {
+                    c.delayed += 1;
+                    push_ring(&mut waiting, id, 16);
+                }
+                push_ring(&mut recent, id, 32);
+                if old.len() < 4096 {
+                    old.push(id);
+                } else {
+                    old[(c.accepted % 4096) as usize] = id;
+                }
+                if matches!(
+                    job.kind,
+                    Kind::Exhaust | Kind::Permanent | Kind::PermanentOnce | Kind::Panic
+                ) {
+                    push_ring(&mut failing, id, 64);
+                }
+                if let Some(key) = &key {
+                    ids_with_key.entry(key.clone()).or_default().push(id);
+                }
+                let _ = msgs.send(Msg {
+                    id,
+                    ty: job.ty,
+                    handle: handle.clone(),
+                    cancel_soon,
+                });
+                tasks.insert(
+                    id,
+                    Accepted {
+                        job,
+                        deps,
+                        key,
+                        resubmit_of: None,
+                        handle,
+                    },
+                );
+            }
+            Err(refused) => {
+                let kind = refused.kind().clone();
+                let back = refused.into_task().into_payload();
+                if back != job {
+                    findings.add("a refused submit handed back another payload", || {
+                        format!("{job:?} came back as {back:?}")
+                    });
+                }
+                match kind {
+                    SubmitErrorKind::UnknownDependency(dep) => {
+                        c.unknown_dependency += 1;
+                        if !deps.contains(&dep) {
+                            findings.add("UnknownDependency names a task not depended on", || {
+                                format!("{dep} not in {deps:?}")
+                            });
+                        } else if let Some(acc) = tasks.get(&dep) {
+                            // Forgotten is fine, but only once finished; and given as a handle,
+                            // only if it did not succeed.
+                            match acc.handle.try_wait() {
+                                None => findings.add(
+                                    "a dependency was forgotten before it finished",
+                                    || {
+                                        format!(
+                                            "{dep} ({:?}) refused as unknown, handle says {}",
+                                            acc.job,
+                                            acc.handle.status()
+                                        )
+                                    },
+                                ),
+                                Some(outcome) if deps_as_handles && outcome.is_succeeded() => {
+                                    findings.add(
+                                        "a forgotten dependency given as a succeeded handle was refused",
+                                        || format!("{dep} ({:?}): {outcome:?}", acc.job),
+                                    )
+                                }
+                                Some(_) => {}
+                            }
+                        }
+                    }
+                    SubmitErrorKind::KeyConflict {
+                        key: k,
+                        existing,
+                        existing_type,
+                    } => {
+                        c.key_conflict += 1;
+                        let holders = ids_with_key.get(&k);
+                        if Some(&k) != key.as_ref()
+                            || !holders.is_some_and(|ids| ids.contains(&existing))
+                            || existing_type == job.ty.task_type().name()
+                        {
+                            findings.add("a key conflict that does not fit", || {
+                                format!("{job:?} with key {key:?}: conflict on {k:?} with {existing} of `{existing_type}`; holders {holders:?}")
+                            });
+                        }
+                    }
+                    SubmitErrorKind::ShutDown => {
+                        c.refused_shut_down += 1;
+                        if !shutdown_sent {
+                            findings.add("submit refused as shut down before any shutdown", || {
+                                format!("{job:?}")
+                            });
+                        }
+                        break;
+                    }
+                    other => findings.add("an unexpected submit error", || {
+                        format!("{job:?}: {other:?}")
+                    }),
+                }
+            }
+        }
+    }
+    send_trigger(&mut shutdown_sent);
+    Produced {
+        tasks,
+        extra_handles,
+        dead,
+        counters: c,
+    }
+}
+
+/// Tasks not yet started above which the producer waits a little: without it, it outruns the
+/// workers, the queue grows hundreds of thousands deep, delays stop mattering and the cancels
+/// only ever find ready tasks.
+const BACKLOG: usize = 4096;
+
+/// Waits (at most 100 ms) for the backlog to shrink below [`BACKLOG`]; not at all once a
+/// worker is gone (the backlog may never shrink then).
+fn wait_for_backlog(sh: &Shared<'_>) {
+    let give_up = Instant::now() + Duration::from_millis(100);
+    while !sh.workers_lost.load(Ordering::SeqCst) && Instant::now() < give_up {
+        let Some(stats) = guarded(sh.findings, || "stats()".to_owned(), || sh.pool.stats()) else {
+            return;
+        };
+        if stats.blocked + stats.scheduled + stats.ready <= BACKLOG {
+            return;
+        }
+        thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn sh_now(cfg: &Config) -> Instant {
+    cfg.clock.now()
+}
+
+/// Acts on a dead letter: resubmits it (now and then with the wrong type), takes its payload, or
+/// purges it. The target is one listed by `dead_letters()`, `dead_letters_of` or
+/// `dead_letters_after`, or a task the producer made to fail (which may not have failed yet, or
+/// be forgotten already).
+#[allow(clippy::too_many_arguments)]
+fn dead_letter_step(
+    sh: &Shared<'_>,
+    rng: &mut Rng,
+    tasks: &mut IdMap<Accepted>,
+    dead: &mut DeadLetterLog,
+    c: &mut Counters,
+    ids_with_key: &mut HashMap<String, Vec<TaskId>>,
+    failing: &mut VecDeque<TaskId>,
+    msgs: &Sender<Msg>,
+    shutdown_sent: bool,
+) {
+    let (pool, findings) = (sh.pool, sh.findings);
+    let target = if rng.chance(2, 3) {
+        let listing = rng.below(3);
+        let ty = [Ty::Fast, Ty::Patient, Ty::Once][rng.below(3) as usize];
+        let Some(letters) = guarded(
+            findings,
+            || "listing the dead letters".to_owned(),
+            || match listing {
+                0 => pool.dead_letters(),
+                1 => pool.dead_letters_of(ty.task_type(), None, 64),
+                _ => pool.dead_letters_after(None, 64),
+            },
+        ) else {
+            return;
+        };
+        if listing > 0 && letters.len() > 64 {
+            findings.add("a page of dead letters longer than asked", || {
+                format!("{} letters", letters.len())
+            });
+        }
+        if listing > 0 && letters.windows(2).any(|w| w[0].id >= w[1].id) {
+            findings.add("a page of dead letters out of order", || {
+                format!("{:?}", letters.iter().map(|d| d.id).collect::<Vec<_>>())
+            });
+        }
+        for letter in &letters {
+            let fits = match tasks.get(&letter.id) {
+                None => false,
+                Some(acc) => {
+                    acc.job.ty.task_type().name() == letter.task_type
+                        && (listing != 1 || acc.job.ty == ty)
+                        && acc.handle.try_wait().is_some_and(|o| o.is_failed())
+                }
+            };
+            if !fits || dead.gone.contains(&letter.id) {
+                findings.add("a listed dead letter that does not fit its task", || {
+                    format!(
+                        "{letter:?} (listing {listing}, {ty:?}): {:?}",
+                        tasks.get(&letter.id).map(|a| (a.job, a.handle.try_wait()))
+                    )
+                });
+            }
+        }
+        if letters.is_empty() {
+            return;
+        }
+        letters[rng.below(letters.len() as u64) as usize].id
+    } else if let Some(&id) = failing.get(rng.below(failing.len().max(1) as u64) as usize) {
+        id
+    } else {
+        return;
+    };
+    let Some(acc) = tasks.get(&target) else {
+        return;
+    };
+    let job = acc.job;
+    let state_of =
+        |tasks: &IdMap<Accepted>, id: TaskId| tasks[&id].handle.try_wait().map(|o| o.state());
+
+    match rng.below(20) {
+        0..4 => {
+            let got = guarded(
+                findings,
+                || format!("take_dead_letter({target})"),
+                || pool.take_dead_letter(job.ty.task_type(), target),
+            );
+            if let Some(Some(payload)) = got {
+                c.taken += 1;
+                if payload != job {
+                    findings.add("take_dead_letter gave another payload", || {
+                        format!("{target}: {payload:?}, submitted {job:?}")
+                    });
+                }
+                if state_of(tasks, target) != Some(TaskState::Failed) {
+                    findings.add("took the payload of a task that did not fail", || {
+                        format!("{target}: {:?}", state_of(tasks, target))
+                    });
+                }
+                if !dead.gone.insert(target) {
+                    findings.add("a dead letter was taken or purged twice", || {
+                        format!("{target}")
+                    });
+                }
+            }
+            return;
+        }
+        4..6 => {
+            let purged = guarded(
+                findings,
+                || format!("purge_dead_letter({target})"),
+                || pool.purge_dead_letter(target),
+            );
+            if purged == Some(true) {
+                c.purged += 1;
+                if state_of(tasks, target) != Some(TaskState::Failed) {
+                    findings.add("purged a task that did not fail", || {
+                        format!("{target}: {:?}", state_of(tasks, target))
+                    });
+                }
+                if !dead.gone.insert(target) {
+                    findings.add("a dead letter was taken or purged twice", || {
+                        format!("{target}")
+                    });
+                }
+            }
+            return;
+        }
+        _ => {}
+    }
+
+    // Now and then with the wrong type: that must never be accepted.
+    let wrong_type = rng.chance(1, 10);
+    let ty = if wrong_type {
+        match job.ty {
+            Ty::Fast => Ty::Patient,
+            Ty::Patient => Ty::Once,
+            Ty::Once => Ty::Fast,
+        }
+    } else {
+        job.ty
+    };
+    // Half the time, with the dependents its failure cancelled.
+    let with_dependents = rng.chance(1, 2);
+    let Some(result) = guarded(
+        findings,
+        || format!("resubmit({target}, with dependents: {with_dependents})"),
+        || {
+            if with_dependents {
+                pool.resubmit_with_dependents(ty.task_type(), target)
+                    .map(|r| (r.task, r.dependents))
+            } else {
+                pool.resubmit(ty.task_type(), target)
+                    .map(|h| (h, Vec::new()))
+            }
+        },
+    ) else {
+        return;
+    };
+    let refused =
+        |c: &mut Counters, what: &'static str| *c.resubmit_refused.entry(what).or_insert(0) += 1;
+    let key = acc.key.clone();
+    match result {
+        Ok((handle, dependents)) => {
+            let new = handle.id();
+            if wrong_type {
+                findings.add("resubmit accepted the wrong task type", || {
+                    format!("{target} ({job:?}) as {ty:?} → {new}")
+                });
+            }
+            if tasks.contains_key(&new) {
+                findings.add("resubmit returned a known id", || {
+                    format!("{target} → {new}")
+                });
+                return;
+            }
+            if state_of(tasks, target) != Some(TaskState::Failed) {
+                findings.add("resubmitted a task that did not fail", || {
+                    format!("{target}: {:?}", state_of(tasks, target))
+                });
+            }
+            if dead.gone.contains(&target) {
+                findings.add("resubmitted a dead letter that was taken or purged", || {
+                    format!("{target}")
+                });
+            }
+            c.resubmitted += 1;
+            if let Some(key) = &key {
+                ids_with_key.entry(key.clone()).or_default().push(new);
+            }
+            let _ = msgs.send(Msg {
+                id: new,
+                ty: job.ty,
+                handle: handle.clone(),
+                cancel_soon: false,
+            });
+            if failing.len() == 64 {
+                failing.pop_front();
+            }
+            failing.push_back(new);
+            tasks.insert(
+                new,
+                Accepted {
+                    job,
+                    deps: Vec::new(),
+                    key,
+                    resubmit_of: Some(target),
+                    handle,
+                },
+            );
+            // The dependents brought back: new tasks, waiting for the new ones in place of
+            // the old, and for their other dependencies as before.
+            let mut renamed = HashMap::from([(target, new)]);
+            for (old, brought) in dependents {
+                c.brought_back += 1;
+                let Some(acc) = tasks.get(&old) else {
+                    findings.add("brought back a task the test never submitted", || {
+                        format!("{old} → {brought}")
+                    });
+                    continue;
+                };
+                let (job, old_deps, key) = (acc.job, acc.deps.clone(), acc.key.clone());
+                if acc.handle.status() != TaskState::Cancelled {
+                    findings.add("brought back a task that was not cancelled", || {
+                        format!("{old}: {:?}", acc.handle.status())
+                    });
+                }
+                if tasks.contains_key(&brought) {
+                    findings.add("a brought-back dependent got a known id", || {
+                        format!("{old} → {brought}")
+                    });
+                    continue;
+                }
+                let Some(handle) = pool.handle(job.ty.task_type(), brought) else {
+                    // Already finished and forgotten by retention: nothing to check it by, but
+                    // it counts in the totals.
+                    c.brought_back_unseen += 1;
+                    continue;
+                };
+                let deps = old_deps
+                    .iter()
+                    .map(|d| renamed.get(d).copied().unwrap_or(*d))
+                    .collect();
+                renamed.insert(old, brought);
+                // It takes its key back if no other task holds it.
+                if let Some(key) = &key {
+                    ids_with_key.entry(key.clone()).or_default().push(brought);
+                }
+                let _ = msgs.send(Msg {
+                    id: brought,
+                    ty: job.ty,
+                    handle: handle.clone(),
+                    cancel_soon: false,
+                });
+                tasks.insert(
+                    brought,
+                    // Not a resubmit: the cancelled task never ran, so this is its first run.
+                    Accepted {
+                        job,
+                        deps,
+                        key,
+                        resubmit_of: None,
+                        handle,
+                    },
+                );
+            }
+        }
+        Err(ResubmitError::UnknownTask(id)) => {
+            refused(c, "UnknownTask");
+            if id != target {
+                findings.add("resubmit refused another id", || {
+                    format!("{target}: UnknownTask({id})")
+                });
+            } else if state_of(tasks, target).is_none() {
+                findings.add("the pool forgot an unfinished task", || {
+                    format!("resubmit({target}): UnknownTask")
+                });
+            }
+        }
+        Err(ResubmitError::NotDeadLetter(id, state)) => {
+            refused(c, "NotDeadLetter");
+            if id != target || state == TaskState::Failed {
+                findings.add("resubmit: NotDeadLetter that does not fit", || {
+                    format!("{target}: NotDeadLetter({id}, {state})")
+                });
+            }
+            if state.is_terminal() && state_of(tasks, target).is_some_and(|s| s != state) {
+                findings.add(
+                    "resubmit saw another terminal state than the handle",
+                    || {
+                        format!(
+                            "{target}: pool says {state}, handle {:?}",
+                            state_of(tasks, target)
+                        )
+                    },
+                );
+            }
+        }
+        Err(ResubmitError::AlreadyResubmitted(id, new)) => {
+            refused(c, "AlreadyResubmitted");
+            if id != target
+                || tasks
+                    .get(&new)
+                    .is_none_or(|a| a.resubmit_of != Some(target))
+            {
+                findings.add("resubmit: AlreadyResubmitted that does not fit", || {
+                    format!("{target}: AlreadyResubmitted({id}, {new})")
+                });
+            }
+        }
+        Err(ResubmitError::Taken(id)) => {
+            // Taken or purged by the test, or dropped by the dead-letter limit while retention
+            // still keeps the record.
+            refused(
+                c,
+                if dead.gone.contains(&target) {
+                    "Taken (by the test)"
+                } else {
+                    "Taken (dropped by the dead-letter limit)"
+                },
+            );
+            if id != target || state_of(tasks, target) != Some(TaskState::Failed) {
+                findings.add("resubmit: Taken that does not fit", || {
+                    format!("{target}: Taken({id}), {:?}", state_of(tasks, target))
+                });
+            }
+        }
+        Err(ResubmitError::TypeMismatch(id)) => {
+            refused(c, "TypeMismatch");
+            if id != target || !wrong_type {
+                findings.add("resubmit: TypeMismatch for the right type", || {
+                    format!("{target} ({job:?}) as {ty:?}: TypeMismatch({id})")
+                });
+            }
+        }
+        Err(ResubmitError::KeyTaken(id, holder)) => {
+            refused(c, "KeyTaken");
+            let fits = id == target
+                && key
+                    .as_ref()
+                    .and_then(|k| ids_with_key.get(k))
+                    .is_some_and(|ids| ids.contains(&holder) && holder != target);
+            if !fits {
+                findings.add("resubmit: KeyTaken that does not fit", || {
+                    format!("{target} with key {key:?}: KeyTaken({id}, {holder})")
+                });
+            }
+        }
+        Err(ResubmitError::ShutDown) => {
+            refused(c, "ShutDown");
+            if !shutdown_sent {
+                findings.add("resubmit refused as shut down before any shutdown", || {
+                    format!("{target}")
+                });
+            }
+        }
+        Err(other) => {
+            refused(c, "other");
+            findings.add("an unexpected resubmit error", || {
+                format!("{target}: {other:?}")
+            });
+        }
+    }
+}
+
+/// The dead letters the producer took or purged.
+#[derive(Default)]
+struct DeadLetterLog {
+    gone: IdSet,
+}
+
+/// Cancels random recent tasks, and the ones the producer marked, at random moments; also
+/// reads `info` and makes extra handles now and then.
+fn cancel_randomly(
+    sh: &Shared<'_>,
+    msgs: Receiver<Msg>,
+    seed: u64,
+) -> (Vec<CancelRecord>, Vec<(TaskId, TaskHandle<u64>)>) {
+    let (pool, findings, recorder) = (sh.pool, sh.findings, sh.recorder);
+    let mut rng = Rng(seed);
+    let mut recent: Vec<(TaskId, Ty, TaskHandle<u64>)> = Vec::with_capacity(256);
+    let mut marked: VecDeque<(u64, TaskId, TaskHandle<u64>)> = VecDeque::new();
+    let mut records = Vec::new();
+    let mut extra = Vec::new();
+    let mut cancel = |rng: &mut Rng, id: TaskId, handle: &TaskHandle<u64>| {
+        let before = recorder.tick();
+        let by_handle = rng.chance(1, 2);
+        // The state just before (racy: it may change before the cancel takes the lock, but a
+        // terminal state cannot).
+        let seen = pool.status(id);
+        let result = guarded(
+            findings,
+            || format!("cancel({id})"),
+            || {
+                if by_handle {
+                    handle.cancel()
+                } else {
+                    pool.cancel(id)
+                }
+            },
+        );
+        let after = recorder.tick();
+        let result = match result {
+            None => CancelResult::Panicked,
+            Some(Ok(outcome)) => {
+                if let Some(state) = seen.filter(|s| s.is_terminal()) {
+                    if outcome != CancelOutcome::AlreadyFinished(state) {
+                        findings.add("a cancel acted on a finished task", || {
+                            format!("{id} was {state}, cancel returned {outcome:?}")
+                        });
+                    }
+                }
+                CancelResult::Done(outcome)
+            }
+            Some(Err(CancelError::UnknownTask(unknown))) => {
+                if unknown != id {
+                    findings.add("cancel refused another id", || {
+                        format!("{id}: UnknownTask({unknown})")
+                    });
+                }
+                if handle.try_wait().is_none() {
+                    findings.add("the pool forgot an unfinished task", || {
+                        format!("cancel({id}): UnknownTask, handle says {}", handle.status())
+                    });
+                }
+                CancelResult::Refused
+            }
+            Some(Err(other)) => {
+                findings.add("an unexpected cancel error", || format!("{id}: {other:?}"));
+                CancelResult::Refused
+            }
+        };
+        records.push(CancelRecord {
+            id,
+            before,
+            after,
+            seen,
+            result,
+        });
+    };
+    let mut received: u64 = 0;
+    for msg in msgs.iter() {
+        received += 1;
+        if msg.cancel_soon {
+            marked.push_back((received + rng.below(64), msg.id, msg.handle.clone()));
+        }
+        let entry = (msg.id, msg.ty, msg.handle);
+        if recent.len() < 256 {
+            recent.push(entry);
+        } else {
+            recent[rng.below(256) as usize] = entry;
+        }
+        while marked.front().is_some_and(|(due, _, _)| *due <= received) {
+            let (_, id, handle) = marked.pop_front().unwrap();
+            cancel(&mut rng, id, &handle);
+        }
+        if rng.chance(1, 20) {
+            let (id, _, handle) = &recent[rng.below(recent.len() as u64) as usize];
+            cancel(&mut rng, *id, handle);
+        }
+        if rng.chance(1, 64) {
+            let (id, ty, handle) = &recent[rng.below(recent.len() as u64) as usize];
+            let info = guarded(findings, || format!("info({id})"), || pool.info(*id)).flatten();
+            match info {
+                Some(info) if info.attempts > ty.limit() => findings
+                    .add("more attempts than the limit (info)", || {
+                        format!("{id} ({ty:?}): {info:?}")
+                    }),
+                None if handle.try_wait().is_none() => findings
+                    .add("the pool forgot an unfinished task", || {
+                        format!("info({id}) is None, handle says {}", handle.status())
+                    }),
+                _ => {}
+            }
+        }
+        if rng.chance(1, 256) {
+            let (id, ty, _) = &recent[rng.below(recent.len() as u64) as usize];
+            if let Some(Some(handle)) = guarded(
+                findings,
+                || format!("handle({id})"),
+                || pool.handle(ty.task_type(), *id),
+            ) {
+                extra.push((*id, handle));
+            }
+        }
+    }
+    // The producer is done: the marked ones, then a last burst, while the pool is busy (or shutting
+    // down).
+    for (_, id, handle) in std::mem::take(&mut marked) {
+        cancel(&mut rng, id, &handle);
+    }
+    for _ in 0..64 {
+        if recent.is_empty() {
+            break;
+        }
+        let (id, _, handle) = &recent[rng.below(recent.len() as u64) as usize];
+        cancel(&mut rng, *id, handle);
+    }
+    (records, extra)
+}
+
+/// Samples `stats()` until shutdown begins: the worker count must never drop.
+fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64) {
+    let mut min_workers = usize::MAX;
+    let mut worker_panics = 0;
+    let mut samples = 0;
+    let started = Instant::now();
+    while !sh.stop.load(Ordering::SeqCst) {
+        let stats = guarded(sh.findings, || "stats()".to_owned(), || sh.pool.stats());
+        // A sample taken once shutdown began may rightly see workers leave.
+        if sh.shutting_down.load(Ordering::SeqCst) {
+            break;
+        }
+        let Some(stats) = stats else {
+            thread::sleep(Duration::from_millis(1));
+            continue;
+        };
+        samples += 1;
+        if stats.workers < cfg.workers && stats.workers < min_workers {
+            sh.workers_lost.store(true, Ordering::SeqCst);
+            let elapsed = started.elapsed();
+            sh.findings
+                .add("stats().workers dropped below the configured count", || {
+                    format!(
+                        "{} of {} workers after {elapsed:?}: {stats:?}",
+                        stats.workers, cfg.workers
+                    )
+                });
+        }
+        min_workers = min_workers.min(stats.workers);
+        if stats.running > cfg.workers {
+            sh.findings
+                .add("more tasks running than workers", || format!("{stats:?}"));
+        }
+        if stats.retained > cfg.retention_count + stats.dead_letters {
+            sh.findings.add("more records retained than the limit", || {
+                format!("limit {}: {stats:?}", cfg.retention_count)
+            });
+        }
+        if stats.totals.worker_panics > worker_panics {
+            worker_panics = stats.totals.worker_panics;
+            sh.findings.add(
+                "the engine panicked in a worker (totals.worker_panics)",
+                || format!("{stats:?}"),
+            );
+        }
+        if stats.dead_letters > cfg.dead_letter_limit {
+            sh.findings.add("more dead letters than the limit", || {
+                format!("limit {}: {stats:?}", cfg.dead_letter_limit)
+            });
+        }
+        *sh.last_stats.lock().unwrap() = format!("{stats:?}");
+        thread::sleep(Duration::from_millis(1));
+    }
+    (min_workers, samples)
+}
+
+/// Keeps a manual clock moving: small steps, a jump past the age limit now and then, and big
+/// steps once shutdown began (so that its deadline, on this clock, comes soon in real time).
+fn advance(sh: &Shared<'_>, clock: &ManualClock, max_age: Duration) {
+    let mut steps: u64 = 0;
+    while !sh.stop.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_micros(100));
+        steps += 1;
+        if sh.shutting_down.load(Ordering::SeqCst) {
+            clock.advance(Duration::from_millis(5));
+        } else if steps % 500 == 0 {
+            clock.advance(max_age + Duration::from_millis(1));
+        } else {
+            clock.advance(Duration::from_micros(250));
+        }
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}"))
+    })
+}
+
+fn tasks_and_seed() -> (u64, u64) {
+    let tasks = env_u64("TASQ_SOAK_TASKS").unwrap_or(300_000);
+    let seed = env_u64("TASQ_SOAK_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    (tasks, seed)
+}
+
+fn run(cfg: Config) {
+    silence_expected_panics();
+    let watchdog_limit = Duration::from_secs(env_u64("TASQ_SOAK_WATCHDOG_SECS").unwrap_or(240));
+    println!(
+        "soak {}: seed {} (replay with TASQ_SOAK_SEED={}), {} tasks, {} workers, retention ({}, {:?}), dead-letter limit {}, \
+         shutdown after {} accepted with timeout {:?}",
+        cfg.name,
+        cfg.seed,
+        cfg.seed,
+        cfg.tasks,
+        cfg.workers,
+        cfg.retention_count,
+        cfg.max_age,
+        cfg.dead_letter_limit,
+        cfg.shutdown_after,
+        cfg.shutdown_timeout
+    );
+    let last_stats = Arc::new(Mutex::new(String::from("(none yet)")));
+    let watchdog = Watchdog::start(cfg.name, cfg.seed, watchdog_limit, Arc::clone(&last_stats));
+    let findings = Findings::default();
+    let recorder = Arc::new(Recorder::new(cfg.tasks));
+
+    let mut builder = Pool::builder()
+        .workers(cfg.workers)
+        .thread_name(cfg.thread_name)
+        .seed(cfg.seed)
+        .retry_policy(RetryPolicy::exponential(
+            Duration::from_micros(20),
+            Duration::from_millis(1),
+        ))
+        .retention(cfg.retention_count, cfg.max_age)
+        .dead_letter_limit(cfg.dead_letter_limit);
+    if let TestClock::Manual(clock) = &cfg.clock {
+        builder = builder.manual_clock(clock.clone());
+    }
+    let handler = |recorder: &Arc<Recorder>| {
+        let recorder = Arc::clone(recorder);
+        move |ctx: &Context, job: &Job| run_job(&recorder, ctx, job)
+    };
+    let pool = builder
+        .register(FAST, handler(&recorder))
+        .register_with(
+            PATIENT,
+            TypeOptions::new()
+                .max_attempts(PATIENT_ATTEMPTS)
+                .retry_policy(RetryPolicy::exponential(
+                    Duration::from_micros(10),
+                    Duration::from_micros(200),
+                )),
+            handler(&recorder),
+        )
+        .register_with(
+            ONCE,
+            TypeOptions::new().max_attempts(ONCE_ATTEMPTS),
+            handler(&recorder),
+        )
+        .build()
+        .expect("the pool builds");
+    let pool = Arc::new(pool);
+
+    // The shutdown runs on its own thread, so that one that never returns is a finding, not a
+    // hang of the test.
+    let (trigger_tx, trigger_rx) = crossbeam_channel::bounded::<()>(1);
+    let (report_tx, report_rx) = crossbeam_channel::bounded::<Result<ShutdownReport, String>>(1);
+    {
+        let pool = Arc::clone(&pool);
+        let timeout = cfg.shutdown_timeout;
+        thread::spawn(move || {
+            if trigger_rx.recv().is_err() {
+                return;
+            }
+            let result = panic::catch_unwind(AssertUnwindSafe(|| pool.shutdown(timeout)))
+                .map_err(|payload| panic_message(&*payload));
+            drop(pool);
+            let _ = report_tx.send(result);
+        });
+    }
+
+    let shutting_down = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let workers_lost = AtomicBool::new(false);
+    let sh = Shared {
+        pool: &pool,
+        recorder: &recorder,
+        findings: &findings,
+        shutting_down: &shutting_down,
+        stop: &stop,
+        last_stats: &last_stats,
+        workers_lost: &workers_lost,
+    };
+    let started = Instant::now();
+    let (msgs_tx, msgs_rx) = crossbeam_channel::unbounded();
+    let (produced, (cancels, canceller_handles), (min_workers, samples), report, shutdown_wait) =
+        thread::scope(|s| {
+            let canceller = s.spawn(|| cancel_randomly(&sh, msgs_rx, mix(cfg.seed ^ 0xCA)));
+            let sampler = s.spawn(|| sample(&sh, &cfg));
+            if let (TestClock::Manual(clock), Some(age)) = (&cfg.clock, cfg.max_age) {
+                let sh = &sh;
+                s.spawn(move || advance(sh, clock, age));
+            }
+            watchdog.phase("producing");
+            let produced = produce(&sh, &cfg, msgs_tx, &trigger_tx, &watchdog);
+            watchdog.phase("waiting for the canceller");
+            let cancels = canceller.join().expect("the canceller does not panic");
+            let sampled = sampler.join().expect("the sampler does not panic");
+            watchdog.phase(format!("waiting for shutdown({:?})", cfg.shutdown_timeout));
+            // On a manual clock the advancer moves 50 times faster than real time meanwhile.
+            let real_timeout = match cfg.clock {
+                TestClock::System => cfg.shutdown_timeout,
+                TestClock::Manual(_) => cfg.shutdown_timeout / 50,
+            };
+            let shutdown_started = Instant::now();
+            let report = report_rx.recv_timeout(real_timeout + Duration::from_secs(20));
+            let shutdown_wait = shutdown_started.elapsed();
+            stop.store(true, Ordering::SeqCst);
+            (produced, cancels, sampled, report, shutdown_wait)
+        });
+    let run_time = started.elapsed();
+
+    watchdog.phase("checking");
+    let checking = Instant::now();
+    let report = match report {
+        Ok(Ok(report)) => Some(report),
+        Ok(Err(message)) => {
+            findings.add("shutdown panicked", || message);
+            None
+        }
+        Err(_) => {
+            findings.add("shutdown hung", || {
+                format!(
+                    "shutdown({:?}) had not returned {shutdown_wait:?} after the producer finished",
+                    cfg.shutdown_timeout
+                )
+            });
+            None
+        }
+    };
+    engine_invariants(&pool, "after shutdown", &findings);
+    let stats = guarded(
+        &findings,
+        || "stats() after shutdown".to_owned(),
+        || pool.stats(),
+    );
+
+    let checked = check(
+        &cfg,
+        &pool,
+        &recorder,
+        &findings,
+        &produced,
+        &cancels,
+        &canceller_handles,
+        report.as_ref(),
+        stats.as_ref(),
+    );
+    let check_time = checking.elapsed();
+
+    if min_workers < cfg.workers {
+        // Already a finding (with the first drop's stats); say how far it went.
+        findings.add("stats().workers dropped below the configured count", || {
+            format!("lowest sample {min_workers} of {} workers", cfg.workers)
+        });
+    }
+    if report.is_some() {
+        if let Some(stats) = &stats {
+            if stats.workers != 0 {
+                findings.add("workers left after shutdown", || format!("{stats:?}"));
+            }
+        }
+        if cfg!(target_os = "linux") {
+            let prefix = cfg.thread_name;
+            guarded(
+                &findings,
+                || format!("assert_threads_gone({prefix})"),
+                || support_b::assert_threads_gone(prefix),
+            );
+        }
+    }
+
+    let c = &produced.counters;
+    let by_cancel = |f: fn(&CancelResult) -> bool| cancels.iter().filter(|r| f(&r.result)).count();
+    // Which states the cancels that took effect found their tasks in (just before the call).
+    let mut effective: BTreeMap<String, usize> = BTreeMap::new();
+    for record in &cancels {
+        if let CancelResult::Done(outcome @ (CancelOutcome::Cancelled | CancelOutcome::Signalled)) =
+            record.result
+        {
+            let seen = record
+                .seen
+                .map_or("forgotten".to_owned(), |s| s.to_string());
+            *effective
+                .entry(format!("{outcome:?} when {seen}"))
+                .or_default() += 1;
+        }
+    }
+    println!(
+        "soak {}: ran {run_time:?}, checked in {check_time:?} ({samples} stats samples; shutdown returned after {shutdown_wait:?}); {c:?}; \
+         outcomes {checked}; cancels: {} before start, {} signalled, {} too late, {} of forgotten tasks, {} panicked; \
+         effective cancels by prior state {effective:?}; report {report:?}",
+        cfg.name,
+        by_cancel(|r| matches!(r, CancelResult::Done(CancelOutcome::Cancelled))),
+        by_cancel(|r| matches!(r, CancelResult::Done(CancelOutcome::Signalled))),
+        by_cancel(|r| matches!(r, CancelResult::Done(CancelOutcome::AlreadyFinished(_)))),
+        by_cancel(|r| matches!(r, CancelResult::Refused)),
+        by_cancel(|r| matches!(r, CancelResult::Panicked)),
+    );
+
+    // Drop the pool (its Drop stops it; if the engine is broken that can panic too) before
+    // failing, so a panic there cannot abort the process during the failure's unwinding.
+    watchdog.phase("dropping the pool");
+    match Arc::try_unwrap(pool) {
+        Ok(pool) => {
+            guarded(&findings, || "drop(pool)".to_owned(), || drop(pool));
+        }
+        // The shutdown thread still holds it (shutdown hung): leave it be.
+        Err(pool) => std::mem::forget(pool),
+    }
+    drop(watchdog);
+    if !findings.is_empty() {
+        panic!(
+            "soak {} FAILED (seed {}; replay with TASQ_SOAK_SEED={} TASQ_SOAK_TASKS={}):\n{}",
+            cfg.name,
+            cfg.seed,
+            cfg.seed,
+            cfg.tasks,
+            findings.summary()
+        );
+    }
+}
+
+/// Every end-of-run check; returns a line of outcome counts.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    cfg: &Config,
+    pool: &Pool,
+    recorder: &Recorder,
+    findings: &Findings,
+    produced: &Produced,
+    cancels: &[CancelRecord],
+    canceller_handles: &[(TaskId, TaskHandle<u64>)],
+    report: Option<&ShutdownReport>,
+    stats: Option<&tasq::Stats>,
+) -> String {
+    // 1. Every handle returns a terminal outcome. One wait of HANDLE_WAIT at most: once one
+    //    handle timed out, the others are only polled.
+    let mut gave_up = false;
+    let mut outcome_of = |handle: &TaskHandle<u64>| -> Option<Outcome<u64>> {
+        if let Some(outcome) = handle.try_wait() {
+            return Some(outcome);
+        }
+        if gave_up {
+            return None;
+        }
+        let outcome = handle.wait_timeout(HANDLE_WAIT);
+        gave_up = outcome.is_none();
+        outcome
+    };
+    let mut outcomes: IdMap<Outcome<u64>> =
+        IdMap::with_capacity_and_hasher(produced.tasks.len(), IdBuild::default());
+    let mut unfinished = 0u64;
+    for (&id, acc) in &produced.tasks {
+        let handle = &acc.handle;
+        match outcome_of(handle) {
+            Some(outcome) => {
+                if !outcome.state().is_terminal() {
+                    findings.add("a wait returned a non-terminal outcome", || {
+                        format!("{id}: {outcome:?}")
+                    });
+                }
+                outcomes.insert(id, outcome);
+            }
+            None => {
+                unfinished += 1;
+                findings.add("a handle never finished (wait_timeout(30 s) returned None after shutdown)", || {
+                    format!(
+                        "{id} ({:?}, after {:?}): handle status {}, pool status {:?}, info {:?}",
+                        acc.job,
+                        acc.deps,
+                        handle.status(),
+                        pool.status(id),
+                        pool.info(id)
+                    )
+                });
+            }
+        }
+    }
+
+    // 2. Every other handle of an id agrees with it.
+    for (id, handle) in produced.extra_handles.iter().chain(canceller_handles) {
+        let Some(first) = outcomes.get(id) else {
+            continue;
+        };
+        match outcome_of(handle) {
+            Some(other) if other != *first => findings
+                .add("two handles of one task disagree", || {
+                    format!("{id}: {first:?} and {other:?}")
+                }),
+            Some(_) => {}
+            None => findings.add("two handles of one task disagree", || {
+                format!("{id}: {first:?} and unfinished")
+            }),
+        }
+    }
+
+    // 3. The books balance.
+    let count = |state: TaskState| outcomes.values().filter(|o| o.state() == state).count() as u64;
+    let (succeeded, failed, cancelled) = (
+        count(TaskState::Succeeded),
+        count(TaskState::Failed),
+        count(TaskState::Cancelled),
+    );
+    let c = &produced.counters;
+    if let Some(stats) = stats {
+        let t = stats.totals;
+        if t.submitted != c.accepted + c.resubmitted + c.brought_back {
+            findings.add("totals.submitted differs from the accepted tasks", || {
+                format!(
+                    "{t:?}, accepted {} + resubmitted {} + brought back {}",
+                    c.accepted, c.resubmitted, c.brought_back
+                )
+            });
+        }
+        if t.worker_panics != 0 {
+            findings.add(
+                "the engine panicked in a worker (totals.worker_panics)",
+                || format!("{t:?}"),
+            );
+        }
+        if t.succeeded + t.failed + t.cancelled != t.submitted {
+            findings.add(
+                "totals do not balance: submitted != succeeded + failed + cancelled",
+                || format!("{t:?}"),
+            );
+        }
+        // Brought-back dependents the test never got a handle to are in the totals only.
+        let unseen = c.brought_back_unseen;
+        let seen = succeeded + failed + cancelled;
+        if unfinished == 0
+            && (t.succeeded < succeeded
+                || t.failed < failed
+                || t.cancelled < cancelled
+                || t.succeeded + t.failed + t.cancelled != seen + unseen)
+        {
+            findings.add("totals differ from the handles' outcomes", || {
+                format!(
+                    "{t:?}; handles: {succeeded} succeeded, {failed} failed, {cancelled} cancelled"
+                )
+            });
+        }
+        if let Some(report) = report {
+            if (report.succeeded, report.failed, report.cancelled)
+                != (t.succeeded, t.failed, t.cancelled)
+            {
+                findings.add("the shutdown report differs from the totals", || {
+                    format!("{report:?} vs {t:?}")
+                });
+            }
+            // The tasks the deadline interrupted ran, and ended cancelled.
+            if !report.deadline_reached && !report.interrupted.is_empty() {
+                findings.add("a drained shutdown reports interrupted tasks", || {
+                    format!("{report:?}")
+                });
+            }
+            for (id, type_name) in &report.interrupted {
+                let fits = produced.tasks.get(id).is_some_and(|acc| {
+                    acc.job.ty.task_type().name() == *type_name
+                        && recorder.get(*id).is_some()
+                        && outcomes.get(id).is_none_or(Outcome::is_cancelled)
+                });
+                if !fits {
+                    findings.add("an interrupted task that does not fit", || {
+                        format!(
+                            "{id} ({type_name}): {:?}, runs {:?}, outcome {:?}",
+                            produced.tasks.get(id).map(|a| a.job),
+                            recorder.get(*id),
+                            outcomes.get(id)
+                        )
+                    });
+                }
+            }
+            if (stats.blocked, stats.scheduled, stats.ready, stats.running) != (0, 0, 0, 0) {
+                findings.add("tasks left after shutdown", || format!("{stats:?}"));
+            }
+        }
+    }
+
+    // 4. Each task: its outcome fits its job, its attempts, its cancels and its dependencies.
+    let mut cancels_of: IdMap<Vec<&CancelRecord>> = IdMap::default();
+    for record in cancels {
+        cancels_of.entry(record.id).or_default().push(record);
+    }
+    let deadline_reached = report.is_none_or(|r| r.deadline_reached);
+    for (&id, outcome) in &outcomes {
+        let acc = &produced.tasks[&id];
+        let job = acc.job;
+        let limit = job.ty.limit();
+        let runs = recorder.get(id);
+        let context = || {
+            format!(
+                "{id} {job:?} after {:?} (resubmit of {:?}): {outcome:?}; runs {runs:?}",
+                acc.deps, acc.resubmit_of
+            )
+        };
+        if let Some(runs) = runs {
+            if runs.max_attempt > limit {
+                findings.add("more attempts than the limit", context);
+            }
+            if runs.runs != runs.max_attempt {
+                findings.add("an attempt ran twice, or one was skipped", context);
+            }
+            if runs.saw_token && !outcome.is_cancelled() {
+                findings.add(
+                    "a handler saw its token fire, yet the task was not cancelled",
+                    context,
+                );
+            }
+        }
+        if let Some(info) = pool.info(id) {
+            if info.attempts != runs.map_or(0, |r| r.max_attempt) || info.state != outcome.state() {
+                findings.add("info() disagrees with the handlers and the handle", || {
+                    format!("{}; {info:?}", context())
+                });
+            }
+        }
+        match outcome {
+            Outcome::Succeeded(value) => {
+                let Some(runs) = runs else {
+                    findings.add("succeeded without running", context);
+                    continue;
+                };
+                if *value != job.output() {
+                    findings.add("a wrong output", context);
+                }
+                let attempts = match job.kind {
+                    Kind::Succeed | Kind::Slow(_) => Some(1),
+                    Kind::Transient(fails) => Some(fails + 1),
+                    Kind::PermanentOnce if acc.resubmit_of.is_some() => Some(1),
+                    _ => None,
+                };
+                if attempts != Some(runs.max_attempt) {
+                    findings.add(
+                        "succeeded when it should not have, or after the wrong number of attempts",
+                        context,
+                    );
+                }
+            }
+            Outcome::Failed(failure) => {
+                let Some(runs) = runs else {
+                    findings.add("failed without running", context);
+                    continue;
+                };
+                let expected = match job.kind {
+                    Kind::Permanent => {
+                        Some((FailureReason::Permanent, 1, "permanent failure".to_owned()))
+                    }
+                    Kind::PermanentOnce if acc.resubmit_of.is_none() => {
+                        Some((FailureReason::Permanent, 1, "first run fails".to_owned()))
+                    }
+                    Kind::Panic => Some((
+                        FailureReason::Panicked,
+                        1,
+                        format!("{PANIC_MARKER} {}", job.seq),
+                    )),
+                    Kind::Exhaust => {
+                        Some((FailureReason::Exhausted, limit, "always fails".to_owned()))
+                    }
+                    _ => None,
+                };
+                if expected != Some((failure.reason, failure.attempts, failure.error.clone()))
+                    || failure.attempts != runs.max_attempt
+                {
+                    findings.add(
+                        "failed when it should not have, or with the wrong failure",
+                        context,
+                    );
+                }
+            }
+            Outcome::Cancelled(reason) => match reason {
+                CancelReason::Requested => {
+                    if !cancels_of.get(&id).is_some_and(|c| {
+                        c.iter().any(|r| {
+                            matches!(
+                                r.result,
+                                CancelResult::Done(
+                                    CancelOutcome::Cancelled | CancelOutcome::Signalled
+                                ) | CancelResult::Panicked
+                            )
+                        })
+                    }) {
+                        findings.add("cancelled as requested, but no cancel reached it", context);
+                    }
+                }
+                CancelReason::Shutdown => {
+                    if !deadline_reached {
+                        findings.add("cancelled by the shutdown, which drained without reaching its deadline", context);
+                    }
+                }
+                CancelReason::DependencyFailed(dep) | CancelReason::DependencyCancelled(dep) => {
+                    if runs.is_some() {
+                        findings.add("a task cancelled because of a dependency had run", context);
+                    }
+                    if !acc.deps.contains(dep) {
+                        findings.add("cancelled because of a task it did not depend on", context);
+                    } else {
+                        let expected = if matches!(reason, CancelReason::DependencyFailed(_)) {
+                            TaskState::Failed
+                        } else {
+                            TaskState::Cancelled
+                        };
+                        if let Some(dep_outcome) = outcomes.get(dep) {
+                            if dep_outcome.state() != expected {
+                                findings.add(
+                                    "the dependency named in a cancel did not end that way",
+                                    || format!("{}; dependency {dep}: {dep_outcome:?}", context()),
+                                );
+                            }
+                        }
+                    }
+                }
+                other => findings.add("an unknown cancel reason", || {
+                    format!("{}: {other:?}", context())
+                }),
+            },
+        }
+
+        // A dependent ran only after every dependency's handler returned Ok, and only if every
+        // dependency succeeded.
+        if let Some(runs) = runs {
+            for dep in &acc.deps {
+                let dep_outcome = outcomes.get(dep);
+                let dep_runs = recorder.get(*dep);
+                let ok_before = dep_runs
+                    .and_then(|r| r.last_ok)
+                    .is_some_and(|ok| ok < runs.first_start);
+                if dep_outcome.is_some_and(|o| !o.is_succeeded()) || !ok_before {
+                    findings.add("a dependent ran before its dependency succeeded", || {
+                        format!(
+                            "{}; dependency {dep}: {dep_outcome:?}, runs {dep_runs:?}",
+                            context()
+                        )
+                    });
+                }
+            }
+        }
+
+        // Cancels: a task cancelled before it started never started afterwards.
+        for record in cancels_of.get(&id).into_iter().flatten() {
+            match &record.result {
+                CancelResult::Done(CancelOutcome::Cancelled) => {
+                    if *outcome != Outcome::Cancelled(CancelReason::Requested) {
+                        findings.add(
+                            "a cancel said Cancelled, yet the task ended otherwise",
+                            context,
+                        );
+                    }
+                    if runs.is_some_and(|r| r.last_start > record.after) {
+                        findings.add("a task cancelled before it started ran afterwards", || {
+                            format!(
+                                "{}; cancelled at ticks {}..{}",
+                                context(),
+                                record.before,
+                                record.after
+                            )
+                        });
+                    }
+                }
+                CancelResult::Done(CancelOutcome::Signalled) => {
+                    if !outcome.is_cancelled() {
+                        findings.add(
+                            "a cancel signalled a running task, yet it was not cancelled",
+                            context,
+                        );
+                    }
+                }
+                CancelResult::Done(CancelOutcome::AlreadyFinished(state)) => {
+                    if *state != outcome.state() {
+                        findings.add(
+                            "a cancel saw another terminal state than the handle",
+                            || format!("{}; cancel saw {state}", context()),
+                        );
+                    }
+                }
+                CancelResult::Done(other) => findings.add("an unknown cancel outcome", || {
+                    format!("{}: {other:?}", context())
+                }),
+                CancelResult::Refused | CancelResult::Panicked => {}
+            }
+        }
+    }
+
+    // 5. The dead letters the pool still lists are failed tasks, with the same failure, neither
+    //    taken nor resubmitted.
+    if let Some(dead) = guarded(
+        findings,
+        || "dead_letters() after shutdown".to_owned(),
+        || pool.dead_letters(),
+    ) {
+        let resubmitted: IdSet = produced
+            .tasks
+            .values()
+            .filter_map(|a| a.resubmit_of)
+            .collect();
+        if dead.len() > cfg.dead_letter_limit {
+            findings.add("more dead letters than the limit", || {
+                format!("{} > {}", dead.len(), cfg.dead_letter_limit)
+            });
+        }
+        for letter in dead {
+            let fits = match (produced.tasks.get(&letter.id), outcomes.get(&letter.id)) {
+                (Some(acc), Some(Outcome::Failed(failure))) => {
+                    *failure == letter.failure && acc.job.ty.task_type().name() == letter.task_type
+                }
+                (Some(_), None) => true, // unfinished: reported above
+                _ => false,
+            };
+            if !fits || produced.dead.gone.contains(&letter.id) || resubmitted.contains(&letter.id)
+            {
+                findings.add("a dead letter that does not fit its task", || {
+                    format!("{letter:?}: outcome {:?}", outcomes.get(&letter.id))
+                });
+            }
+        }
+    }
+    format!(
+        "{succeeded} succeeded, {failed} failed, {cancelled} cancelled, {unfinished} unfinished"
+    )
+}
+
+#[test]
+fn count_retention() {
+    let (tasks, seed) = tasks_and_seed();
+    let mut rng = Rng(mix(seed ^ 0xC0));
+    let cfg = Config {
+        name: "count_retention",
+        thread_name: "tq-soak-c",
+        tasks,
+        seed,
+        workers: 4 + rng.below(5) as usize,
+        retention_count: 16 + rng.below(49) as usize,
+        max_age: None,
+        dead_letter_limit: 8 + rng.below(121) as usize,
+        clock: TestClock::System,
+        delay_max: Duration::from_millis(3),
+        // Two times in five the deadline is long enough to drain.
+        shutdown_timeout: [0, 1, 20, 10_000, 10_000].map(Duration::from_millis)
+            [rng.below(5) as usize],
+        // Often while the producer is still submitting.
+        shutdown_after: tasks * 3 / 4 + rng.below(tasks / 2 + 1),
+    };
+    run(cfg);
+}
+
+#[test]
+fn age_retention_on_a_manual_clock() {
+    let (tasks, seed) = tasks_and_seed();
+    let mut rng = Rng(mix(seed ^ 0xA6E));
+    let max_age = Duration::from_millis(20);
+    let cfg = Config {
+        name: "age_retention_on_a_manual_clock",
+        thread_name: "tq-soak-m",
+        tasks,
+        seed,
+        workers: 4 + rng.below(5) as usize,
+        retention_count: 512,
+        max_age: Some(max_age),
+        dead_letter_limit: 64,
+        clock: TestClock::Manual(ManualClock::new()),
+        // Up to three ages: a blocked task cancelled meanwhile ages out before its dependency ends.
+        delay_max: max_age * 3,
+        shutdown_timeout: [0, 1, 20, 10_000, 10_000].map(Duration::from_millis)
+            [rng.below(5) as usize],
+        shutdown_after: tasks * 3 / 4 + rng.below(tasks / 2 + 1),
+    };
+    run(cfg);
+}
