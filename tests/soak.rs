@@ -46,6 +46,8 @@
 
 mod support_b;
 
+use support_b::{Rng, mix};
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::io::Write;
@@ -78,38 +80,6 @@ const ONCE_ATTEMPTS: u32 = 1;
 const HANDLE_WAIT: Duration = Duration::from_secs(30);
 /// Submits between two calls of the engine's own invariant check.
 const CHECK_EVERY: u64 = 10_000;
-
-// ===== the seeded generator =====
-
-/// splitmix64.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        mix(self.0)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    /// True with probability `n / d`.
-    fn chance(&mut self, n: u64, d: u64) -> bool {
-        self.below(d) < n
-    }
-
-    fn duration_below(&mut self, max: Duration) -> Duration {
-        Duration::from_nanos(self.below(max.as_nanos().max(1) as u64))
-    }
-}
 
 /// A cheap hash for the test's many maps keyed by task id (SipHash made the end-of-run checks
 /// of a debug build take seconds).

@@ -7,6 +7,8 @@
 
 mod support_b;
 
+use support_b::{Rng, mix};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,28 +35,6 @@ const FAST_ATTEMPTS: u32 = 3;
 /// Registered with its own limit of five attempts.
 const PATIENT: TaskType<Job, u64> = TaskType::new("stress-patient");
 const PATIENT_ATTEMPTS: u32 = 5;
-
-/// splitmix64: a well-mixed hash of `x`, used both as the seeded generator's step and to derive
-/// each task's behaviour from its sequence number.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        mix(self.0)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// What a task's handler does, decided by its sequence number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -182,3 +182,35 @@ impl Drop for DropSignal {
         let _ = self.0.send(());
     }
 }
+
+/// splitmix64: a well-mixed hash of `x`, used both as the seeded generator's step and to derive a
+/// task's behaviour from its sequence number.
+pub fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A seeded generator (splitmix64), so that a randomized run replays from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        mix(self.0)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// True with probability `n / d`.
+    pub fn chance(&mut self, n: u64, d: u64) -> bool {
+        self.below(d) < n
+    }
+
+    pub fn duration_below(&mut self, max: Duration) -> Duration {
+        Duration::from_nanos(self.below(max.as_nanos().max(1) as u64))
+    }
+}
