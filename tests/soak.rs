@@ -6,22 +6,26 @@
 //! every worker died). So one producer submits hundreds of thousands of tasks of three types
 //! (three, five and one attempts), each chosen at random: succeeding, failing retryably a few
 //! times then succeeding, exhausting its retries, failing permanently, failing permanently only on
-//! its first run ever (so resubmitting it succeeds), panicking, or sleeping on its token; with
+//! its first run ever (so resubmitting it succeeds), panicking, sleeping on its token, or
+//! submitting a follow-up task from its handler (`Context::submit`); half the retryable failures
+//! ask for their own delay (`HandlerError::retry_after`); with
 //! priorities, delays and run_at times (some in the past), dependencies on 1–3 recent, delayed,
 //! failing or long-forgotten tasks, given as ids or as handles (a refusal with
 //! `UnknownDependency` is an accepted, counted outcome), and idempotency keys from a small set
 //! (duplicates and cross-type conflicts happen). Meanwhile the producer lists dead letters (all,
-//! by type, by page) and resubmits (now and then with the wrong type), takes or purges them; a
+//! by type, by page) and resubmits them (now and then with the wrong type; half the time with the
+//! dependents their failure cancelled, `resubmit_with_dependents`), takes or purges them; a
 //! canceller thread cancels random tasks (and the ones the producer marked: blocked, delayed and
 //! ordinary ones), through the pool or a handle, at random moments; a sampler thread watches
-//! `stats()`; and the run ends with a `shutdown` whose deadline is drawn at random (sometimes too
+//! `stats()` and calls `wait_empty` with a zero timeout; and the run ends with a `shutdown` whose deadline is drawn at random (sometimes too
 //! short to drain, sometimes while the producer is still submitting). The producer waits (briefly)
 //! while more than a few thousand tasks are queued, so that delays, dependencies and cancels meet
 //! a live pool rather than a queue a million deep.
 //!
 //! Two tests: `count_retention` runs on the system clock with a retention of 16–64 records and
 //! no age limit; `age_retention_on_a_manual_clock` runs on a `ManualClock` that a thread keeps
-//! advancing (and now and then jumps past the age limit), with an age limit of 20 ms of pool time.
+//! advancing (and now and then jumps past the age limit), with an age limit of 20 ms of pool time,
+//! and keeps its handlers' panics off the panic hook (`quiet_panics`).
 //! Both keep few dead letters (`dead_letter_limit`).
 //!
 //! Checked (all violations are collected, then reported together, with the seed): every accepted
@@ -148,6 +152,8 @@ enum Kind {
     Panic,
     /// Sleeps this many microseconds on its token (pool clock), then succeeds.
     Slow(u32),
+    /// Submits a follow-up task (a `Succeed` of the same type) from its handler, then succeeds.
+    Spawn,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +183,7 @@ fn make_job(rng: &mut Rng, seq: u64) -> Job {
         885..915 => Kind::PermanentOnce,
         915..935 => Kind::Panic,
         935..1000 => Kind::Slow(20 + rng.below(180) as u32),
+        650..700 => Kind::Spawn,
         _ => Kind::Succeed,
     };
     Job { seq, ty, kind }
@@ -206,6 +213,8 @@ struct Recorder {
     clock: AtomicU64,
     /// Per payload `seq`: whether a `PermanentOnce` payload has run before.
     ran_once: Vec<AtomicBool>,
+    /// The tasks `Spawn` handlers submitted.
+    follow_ups: Mutex<Vec<(Job, TaskHandle<u64>)>>,
 }
 
 impl Recorder {
@@ -214,6 +223,7 @@ impl Recorder {
             shards: (0..64).map(|_| Mutex::new(IdMap::default())).collect(),
             clock: AtomicU64::new(1),
             ran_once: (0..tasks).map(|_| AtomicBool::new(false)).collect(),
+            follow_ups: Mutex::new(Vec::new()),
         }
     }
 
@@ -261,10 +271,15 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
     recorder.start(ctx.id(), ctx.attempt());
     let result = match job.kind {
         Kind::Succeed => Ok(job.output()),
-        Kind::Transient(fails) if ctx.attempt() <= fails => Err(HandlerError::retryable(format!(
-            "transient failure {}",
-            ctx.attempt()
-        ))),
+        Kind::Transient(fails) if ctx.attempt() <= fails => {
+            let error = HandlerError::retryable(format!("transient failure {}", ctx.attempt()));
+            // Half of them ask for their own retry delay, as a `Retry-After` would.
+            if job.seq % 2 == 1 {
+                Err(error.retry_after(Duration::from_micros(30)))
+            } else {
+                Err(error)
+            }
+        }
         Kind::Transient(_) => Ok(job.output()),
         Kind::Exhaust => Err(HandlerError::retryable("always fails")),
         Kind::Permanent => Err(HandlerError::permanent("permanent failure")),
@@ -280,6 +295,21 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
             Ok(()) => Ok(job.output()),
             Err(tasq::Cancelled) => Err(HandlerError::retryable("interrupted")),
         },
+        Kind::Spawn => {
+            let child = Job {
+                kind: Kind::Succeed,
+                ..*job
+            };
+            match ctx.submit(job.ty.task_type().task(child)) {
+                Ok(handle) => {
+                    recorder.follow_ups.lock().unwrap().push((child, handle));
+                    Ok(job.output())
+                }
+                // The pool is shutting down: the follow-up is refused, the task still succeeds.
+                Err(e) if *e.kind() == SubmitErrorKind::ShutDown => Ok(job.output()),
+                Err(e) => Err(HandlerError::permanent(format!("follow-up refused: {e}"))),
+            }
+        }
     };
     recorder.returned(ctx.id(), result.is_ok(), ctx.is_cancelled());
     result
@@ -533,6 +563,8 @@ struct Counters {
     brought_back: u64,
     /// Of those, the ones that finished and were forgotten before the test got a handle.
     brought_back_unseen: u64,
+    /// Tasks submitted by handlers (`Kind::Spawn`).
+    followed_up: u64,
     resubmit_refused: BTreeMap<&'static str, u64>,
     taken: u64,
     purged: u64,
@@ -1396,6 +1428,19 @@ fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64) {
             continue;
         };
         samples += 1;
+        // A wait for the pool to empty, from outside the pool, returns at once here.
+        match guarded(
+            sh.findings,
+            || "wait_empty(0)".to_owned(),
+            || sh.pool.wait_empty(Some(Duration::ZERO)),
+        ) {
+            None | Some(Ok(())) | Some(Err(tasq::WaitError::TimedOut)) => {}
+            Some(Err(other)) => sh
+                .findings
+                .add("wait_empty from outside the pool refused", || {
+                    format!("{other:?}")
+                }),
+        }
         if stats.workers < cfg.workers && stats.workers < min_workers {
             sh.workers_lost.store(true, Ordering::SeqCst);
             let elapsed = started.elapsed();
@@ -1501,7 +1546,9 @@ fn run(cfg: Config) {
             Duration::from_millis(1),
         ))
         .retention(cfg.retention_count, cfg.max_age)
-        .dead_letter_limit(cfg.dead_letter_limit);
+        .dead_letter_limit(cfg.dead_letter_limit)
+        // One run keeps its handlers' panics off the hook by itself.
+        .quiet_panics(matches!(cfg.clock, TestClock::Manual(_)));
     if let TestClock::Manual(clock) = &cfg.clock {
         builder = builder.manual_clock(clock.clone());
     }
@@ -1588,6 +1635,21 @@ fn run(cfg: Config) {
             (produced, cancels, sampled, report, shutdown_wait)
         });
     let run_time = started.elapsed();
+    // The tasks handlers submitted are accepted tasks too.
+    let mut produced = produced;
+    for (job, handle) in recorder.follow_ups.lock().unwrap().drain(..) {
+        produced.counters.followed_up += 1;
+        produced.tasks.insert(
+            handle.id(),
+            Accepted {
+                job,
+                deps: Vec::new(),
+                key: None,
+                resubmit_of: None,
+                handle,
+            },
+        );
+    }
 
     watchdog.phase("checking");
     let checking = Instant::now();
@@ -1784,11 +1846,11 @@ fn check(
     let c = &produced.counters;
     if let Some(stats) = stats {
         let t = stats.totals;
-        if t.submitted != c.accepted + c.resubmitted + c.brought_back {
+        if t.submitted != c.accepted + c.resubmitted + c.brought_back + c.followed_up {
             findings.add("totals.submitted differs from the accepted tasks", || {
                 format!(
-                    "{t:?}, accepted {} + resubmitted {} + brought back {}",
-                    c.accepted, c.resubmitted, c.brought_back
+                    "{t:?}, accepted {} + resubmitted {} + brought back {} + followed up {}",
+                    c.accepted, c.resubmitted, c.brought_back, c.followed_up
                 )
             });
         }
@@ -1904,7 +1966,7 @@ fn check(
                     findings.add("a wrong output", context);
                 }
                 let attempts = match job.kind {
-                    Kind::Succeed | Kind::Slow(_) => Some(1),
+                    Kind::Succeed | Kind::Slow(_) | Kind::Spawn => Some(1),
                     Kind::Transient(fails) => Some(fails + 1),
                     Kind::PermanentOnce if acc.resubmit_of.is_some() => Some(1),
                     _ => None,
