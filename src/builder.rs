@@ -282,10 +282,13 @@ impl Builder {
         self
     }
 
-    /// Sets how many finished tasks the pool remembers, and for how long, so that handles can
-    /// read their status, idempotency keys keep working and dead letters can be listed. Records
-    /// beyond `max_count`, or older than `max_age`, are dropped, oldest first, whenever a task
-    /// finishes. Handles keep their outcomes regardless. Defaults to 10,000 tasks and one hour.
+    /// Sets how many finished tasks the pool remembers, and for how long, for
+    /// [`Pool::status`](crate::Pool::status) and [`Pool::info`](crate::Pool::info), the keys of
+    /// succeeded tasks, and [`Pool::resubmit_with_dependents`](crate::Pool::resubmit_with_dependents).
+    /// Records beyond `max_count`, or older than `max_age`, are dropped, oldest first, whenever
+    /// a task finishes. Handles keep their outcomes regardless, and dead letters have their own
+    /// limit ([`dead_letter_limit`](Builder::dead_letter_limit)). Defaults to 10,000 tasks and one
+    /// hour.
     ///
     /// # Examples
     ///

@@ -26,6 +26,8 @@
 //!    cancelled gives its key up in the step that ends it.
 //! 9. `dead` holds exactly the failed records that still hold their payload and were not
 //!    resubmitted; a record in `dead` is kept until it leaves `dead`, retention or not.
+//! 10. A cancelled record holds its payload only if a dead letter's failure cancelled it (it
+//!     names that dead letter in `cascade_root`), for `resubmit_with_dependents`.
 //!
 //! [`State::check_invariants`] checks these (for tests; it reads every record).
 
@@ -1139,6 +1141,13 @@ impl State {
                     9,
                     format!("{id} in dead letters: {in_dead}, should be: {should}"),
                 );
+            }
+            let in_cascade = record
+                .extra
+                .as_ref()
+                .is_some_and(|e| e.cascade_root.is_some());
+            if record.state == TaskState::Cancelled && holds_payload && !in_cascade {
+                return fail(10, format!("cancelled {id} holds its payload"));
             }
             if let Some(key) = record.key() {
                 let holds = self.keys.get(key) == Some(&seq);
