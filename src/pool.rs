@@ -110,12 +110,12 @@ impl Pool {
     /// # Errors
     ///
     /// The task is handed back inside the [`SubmitError`], whose
-    /// [`kind`](SubmitError::kind) says why: [`ShutDown`](SubmitErrorKind::ShutDown),
-    /// [`UnknownType`](SubmitErrorKind::UnknownType),
-    /// [`TypeMismatch`](SubmitErrorKind::TypeMismatch),
-    /// [`UnknownDependency`](SubmitErrorKind::UnknownDependency),
-    /// [`KeyConflict`](SubmitErrorKind::KeyConflict) or
-    /// [`TimeOverflow`](SubmitErrorKind::TimeOverflow).
+    /// [`kind`](SubmitError::kind) says why: [`ShutDown`](crate::SubmitErrorKind::ShutDown),
+    /// [`UnknownType`](crate::SubmitErrorKind::UnknownType),
+    /// [`TypeMismatch`](crate::SubmitErrorKind::TypeMismatch),
+    /// [`UnknownDependency`](crate::SubmitErrorKind::UnknownDependency),
+    /// [`KeyConflict`](crate::SubmitErrorKind::KeyConflict) or
+    /// [`TimeOverflow`](crate::SubmitErrorKind::TimeOverflow).
     ///
     /// # Examples
     ///
@@ -558,7 +558,7 @@ impl Pool {
 
     /// Shuts the pool down gracefully and waits for its threads.
     ///
-    /// At once, submits start failing with [`SubmitErrorKind::ShutDown`]. The workers then drain
+    /// At once, submits start failing with [`SubmitErrorKind::ShutDown`](crate::SubmitErrorKind::ShutDown). The workers then drain
     /// everything outstanding: ready tasks, delayed tasks when they come due, retries after their
     /// backoff, and blocked tasks whose dependencies succeed. If that is not done within
     /// `timeout` (on the pool's clock), every running handler's token fires, every task that has
