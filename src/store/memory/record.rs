@@ -81,25 +81,30 @@ impl Record {
             extra,
             ..
         } = self;
-        unwind::drop_quietly(payload);
+        if let Some(payload) = payload {
+            unwind::drop_quietly(payload);
+        }
         unwind::drop_quietly(completion);
-        unwind::drop_quietly(extra);
+        if let Some(extra) = extra {
+            unwind::drop_quietly(extra);
+        }
     }
 }
 
 /// What a transition leaves to do once the lock is released: drop user values (a payload's or
 /// output's `Drop` is user code, never run under the lock), and wake workers.
 ///
-/// Most transitions drop one or two values: those need no allocation.
+/// Most transitions drop a payload and, through retention, one older record's completion (its
+/// output, if no handle is left): those need no allocation.
 #[derive(Default)]
 pub(crate) struct Effects {
     drops_first: [Option<Box<dyn Any + Send>>; 2],
     drops_more: Vec<Box<dyn Any + Send>>,
-    /// Records that retention dropped: their payloads, outputs and errors are user values. In
-    /// the steady state each finished task pushes one older record out: that one needs no
-    /// allocation.
-    record_first: Option<Record>,
-    records_more: Vec<Record>,
+    /// The completions and extras of records that retention dropped: an output, a handler's
+    /// error and a payload kept for a cascade are user values.
+    completion_first: Option<Arc<Completion>>,
+    completions_more: Vec<Arc<Completion>>,
+    extras: Vec<Box<Extra>>,
     /// Tasks that became ready: wake that many idle workers.
     pub(crate) newly_ready: usize,
     /// A task became the earliest delayed one: the timer must re-check its deadline.
@@ -114,30 +119,57 @@ impl Effects {
         }
     }
 
-    /// Drops a whole record later: the last reference to a task's output may be its record's
-    /// completion.
+    /// Drops what a record holds of user values later: its payload, its completion (the last
+    /// reference to its output may be this one), its extra (a handler's error).
     pub(crate) fn drop_record_later(&mut self, record: Record) {
-        match self.record_first {
-            None => self.record_first = Some(record),
-            Some(_) => self.records_more.push(record),
+        let Record {
+            payload,
+            completion,
+            extra,
+            ..
+        } = record;
+        if let Some(payload) = payload {
+            self.drop_later(payload);
+        }
+        match self.completion_first {
+            None => self.completion_first = Some(completion),
+            Some(_) => self.completions_more.push(completion),
+        }
+        if let Some(extra) = extra {
+            self.extras.push(extra);
         }
     }
 
     /// Drops the values, each on its own inside `catch_unwind`: a `Drop` that panics loses only
-    /// its own value. Call without holding the pool lock.
+    /// its own value (a second panic while the first unwinds would abort the process). Call
+    /// without holding the pool lock.
     pub(crate) fn apply(self) {
         let Effects {
-            drops_first,
+            drops_first: [first, second],
             drops_more,
-            record_first,
-            records_more,
+            completion_first,
+            completions_more,
+            extras,
             ..
         } = self;
-        for value in drops_first.into_iter().flatten().chain(drops_more) {
+        if let Some(value) = first {
             unwind::drop_quietly(value);
         }
-        for record in record_first.into_iter().chain(records_more) {
-            record.drop_quietly();
+        if let Some(value) = second {
+            unwind::drop_quietly(value);
+        }
+        if let Some(completion) = completion_first {
+            unwind::drop_quietly(completion);
+        }
+        // Rare: most transitions leave these empty, and an empty `Vec` has nothing to free.
+        if !drops_more.is_empty() {
+            drops_more.into_iter().for_each(unwind::drop_quietly);
+        }
+        if !completions_more.is_empty() {
+            completions_more.into_iter().for_each(unwind::drop_quietly);
+        }
+        if !extras.is_empty() {
+            extras.into_iter().for_each(unwind::drop_quietly);
         }
     }
 }

@@ -292,6 +292,9 @@ impl State {
         &self,
         dependencies: &[Dependency],
     ) -> Result<Vec<Seq>, TaskId> {
+        if dependencies.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut seqs = Vec::with_capacity(dependencies.len());
         for dependency in dependencies {
             match self.record(dependency.id) {
