@@ -467,7 +467,10 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// # Panics
     ///
     /// If called from the task's own handler, or if the output was taken by
-    /// [`join`](TaskHandle::join).
+    /// [`join`](TaskHandle::join). A panic in the output's `Clone` reaches the caller (the pool
+    /// is not involved: the clone runs on the waiting thread, under the task's own small lock,
+    /// never the pool's). That `Clone` may call the pool, but not read this same task's handles:
+    /// it would wait for itself.
     ///
     /// # Examples
     ///
