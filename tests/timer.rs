@@ -249,6 +249,49 @@ fn an_idle_pool_wakes_no_thread() {
     }
 }
 
+/// Tasks run one at a time on a pool of eight idle workers cost a couple of worker context
+/// switches each (the one worker that runs it wakes, then sleeps), not one per worker. A coarse
+/// guard against waking every idle worker for each task: parking_lot's `notify_all` moves
+/// waiters to the mutex's queue one at a time, so even a broadcast on every transition costs
+/// less than one extra switch per task here, and only a pool that woke its workers far more
+/// often fails it. Counted, not timed. Linux only, like the test above.
+#[cfg(target_os = "linux")]
+#[test]
+fn tasks_one_at_a_time_cost_few_context_switches() {
+    const NAME: &str = "one-each";
+    const TASKS: u64 = 200;
+    let pool = Pool::builder()
+        .workers(8)
+        .thread_name(NAME)
+        .register(STAMP, |_, _: &()| Ok::<_, HandlerError>(Instant::now()))
+        .build()
+        .unwrap();
+    // The threads start on their own: count them all.
+    let started = Instant::now();
+    while worker_counters(NAME).len() < 8 {
+        assert!(started.elapsed() < GUARD, "the workers did not start");
+        std::thread::yield_now();
+    }
+    pool.wait_idle();
+    let switches = || -> u64 { worker_counters(NAME).values().map(|&(s, _)| s).sum() };
+    let before = switches();
+    for _ in 0..TASKS {
+        let handle = pool.submit(STAMP.task(())).unwrap();
+        assert!(handle.wait_timeout(GUARD).is_some());
+    }
+    let per_task = (switches() - before) as f64 / TASKS as f64;
+    assert!(
+        per_task < 5.0,
+        "{per_task:.1} worker context switches per task: idle workers were woken for nothing"
+    );
+    // The pool's Debug names what it runs.
+    let debug = format!("{pool:?}");
+    assert!(
+        debug.contains("stamp") && debug.contains("workers: 8"),
+        "{debug}"
+    );
+}
+
 /// (voluntary + involuntary context switches, user + system CPU ticks) of each thread whose
 /// name starts with `prefix`, by thread id.
 #[cfg(target_os = "linux")]

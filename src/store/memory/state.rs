@@ -1226,3 +1226,89 @@ impl State {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::super::Shared;
+    use super::*;
+    use crate::clock::Clock;
+
+    fn retention() -> Retention {
+        Retention {
+            max_count: 10,
+            max_age: None,
+            max_dead_letters: 10,
+        }
+    }
+
+    fn task(dependencies: Vec<Seq>) -> NewTask {
+        NewTask {
+            type_index: 0,
+            payload: Box::new(()),
+            priority: 0,
+            run_at: Instant::now(),
+            dependencies,
+            key: Some("k".to_owned()),
+        }
+    }
+
+    /// The check names the invariant a corrupted state breaks (so the soak run's calls of it
+    /// can fail).
+    #[test]
+    fn check_invariants_names_what_is_broken() {
+        let shared = Shared::new(Registry::default(), Clock::System, retention(), 1, None, 7);
+        let now = Instant::now();
+        let mut effects = Effects::default();
+        let (first, _) =
+            shared
+                .lock()
+                .insert(task(Vec::new()), Completion::new(), now, &mut effects);
+        let dependent = NewTask {
+            key: None,
+            ..task(vec![first.seq()])
+        };
+        let (second, _) = shared
+            .lock()
+            .insert(dependent, Completion::new(), now, &mut effects);
+        assert_eq!(shared.check_invariants(), Ok(()));
+
+        let broken = |f: fn(&mut State, Seq, Seq), invariant: &str| {
+            let shared = Shared::new(Registry::default(), Clock::System, retention(), 1, None, 7);
+            let mut effects = Effects::default();
+            let mut state = shared.lock();
+            let (a, _) = state.insert(task(Vec::new()), Completion::new(), now, &mut effects);
+            let (b, _) = state.insert(
+                NewTask {
+                    key: None,
+                    ..task(vec![a.seq()])
+                },
+                Completion::new(),
+                now + Duration::from_secs(1),
+                &mut effects,
+            );
+            f(&mut state, a.seq(), b.seq());
+            drop(state);
+            let err = shared.check_invariants().unwrap_err();
+            assert!(err.starts_with(invariant), "{err}");
+        };
+        broken(|s, _, _| s.counts.ready += 1, "invariant 5");
+        broken(
+            |s, a, _| {
+                s.records.get_mut(&a).unwrap().payload = None;
+            },
+            "invariant 4",
+        );
+        broken(
+            |s, _, b| s.records.get_mut(&b).unwrap().pending_dependencies = 2,
+            "invariant 3",
+        );
+        broken(
+            |s, a, _| drop(s.keys.insert("other".into(), a)),
+            "invariant 8",
+        );
+        broken(|s, a, _| drop(s.dead.insert(a)), "invariant 9");
+        assert_eq!(second.pool(), 7);
+    }
+}
