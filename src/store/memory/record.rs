@@ -104,6 +104,8 @@ pub(crate) struct Effects {
     /// error and a payload kept for a cascade are user values.
     completion_first: Option<Arc<Completion>>,
     completions_more: Vec<Arc<Completion>>,
+    // Boxed as the records hold them: unboxing would move each one.
+    #[allow(clippy::vec_box)]
     extras: Vec<Box<Extra>>,
     /// Tasks that became ready: wake that many idle workers.
     pub(crate) newly_ready: usize,

@@ -1305,10 +1305,17 @@ mod tests {
             "invariant 3",
         );
         broken(
-            |s, a, _| drop(s.keys.insert("other".into(), a)),
+            |s, a, _| {
+                s.keys.insert("other".into(), a);
+            },
             "invariant 8",
         );
-        broken(|s, a, _| drop(s.dead.insert(a)), "invariant 9");
+        broken(
+            |s, a, _| {
+                s.dead.insert(a);
+            },
+            "invariant 9",
+        );
         assert_eq!(second.pool(), 7);
     }
 }
