@@ -1156,3 +1156,83 @@ fn an_output_whose_clone_calls_back_into_the_pool_does_not_deadlock() {
         },
     );
 }
+
+// ===== many user values dropped by one transition =====
+
+/// A cancel that cascades drops every cancelled task's payload in one transition (more than the
+/// two that need no allocation): each payload's panicking `Drop` is contained on its own, and the
+/// caller of `cancel` sees none of them.
+#[test]
+fn a_cascading_cancel_drops_many_panicking_payloads_quietly() {
+    watchdog(
+        "deadlock: a cancel cascading over payloads whose Drop panics",
+        || {
+            let pool = TestPool::new(builder(1).register(FRAGILE, fragile_handler));
+            let root = pool
+                .submit(
+                    FRAGILE
+                        .task(Fragile::new(false))
+                        .delay(Duration::from_secs(3600)),
+                )
+                .unwrap();
+            let dependents: Vec<_> = (0..4)
+                .map(|_| {
+                    pool.submit(FRAGILE.task(Fragile::new(false)).after([&root]))
+                        .unwrap()
+                })
+                .collect();
+            let cancelled =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.cancel(root.id())));
+            assert!(
+                matches!(cancelled, Ok(Ok(tasq::CancelOutcome::Cancelled))),
+                "cancel panicked or failed in its caller"
+            );
+            for handle in dependents.iter().chain([&root]) {
+                assert!(outcome(handle, "a cancelled fragile task").is_cancelled());
+            }
+            assert_workers_alive(&pool, 1, "after the cascade");
+            assert_eq!(pool.stats().totals.worker_panics, 0);
+        },
+    );
+}
+
+/// Retention by age drops many finished records in one transition; their outputs, whose handles
+/// are gone, panic when dropped: each is contained on its own, on the worker, which neither dies
+/// nor fails the task whose ending pushed them out.
+#[test]
+fn retention_dropping_many_panicking_outputs_at_once_costs_nothing() {
+    watchdog(
+        "deadlock: retention dropping outputs whose Drop panics",
+        || {
+            let clock = ManualClock::new();
+            let pool = TestPool::new(
+                builder(1)
+                    .manual_clock(clock.clone())
+                    .retention(100, Some(Duration::from_secs(1)))
+                    .register(DOOMED_OUTPUT, |_, _: &()| {
+                        Ok::<_, HandlerError>(PanicsOnDrop("an output"))
+                    }),
+            );
+            for _ in 0..4 {
+                // Dropped at once: the record's completion holds the last reference to the
+                // output (reading it would clone it, and the clone would panic here).
+                drop(pool.submit(DOOMED_OUTPUT.task(())).unwrap());
+            }
+            pool.wait_idle();
+            assert_eq!(pool.stats().retained, 4);
+            clock.advance(Duration::from_secs(2));
+            let last = pool.submit(JOB.task(5)).unwrap();
+            assert_eq!(
+                outcome(&last, "the task after the outputs").succeeded(),
+                Some(5)
+            );
+            assert_eq!(pool.stats().totals.worker_panics, 0);
+            assert_eq!(
+                pool.stats().retained,
+                1,
+                "the four old records were dropped"
+            );
+            assert_workers_alive(&pool, 1, "after retention");
+        },
+    );
+}
