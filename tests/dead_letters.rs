@@ -389,3 +389,101 @@ fn a_dead_letter_comes_back_with_the_dependents_its_failure_cancelled() {
     );
     pool.check_invariants().unwrap();
 }
+
+/// Fails every task permanently; counts the payloads dropped.
+const DOOMED: TaskType<Counted, ()> = TaskType::new("doomed");
+
+/// Counts its drops in the shared counter.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn doomed_pool(limit: usize) -> Pool {
+    Pool::builder()
+        .workers(1)
+        .retention(0, None)
+        .dead_letter_limit(limit)
+        .register(DOOMED, |_, _: &Counted| {
+            Err::<(), _>(HandlerError::permanent("doomed"))
+        })
+        .build()
+        .unwrap()
+}
+
+/// Dead letters outlive the retention of finished tasks (here none), up to their own limit: the
+/// oldest go first, with their payloads; a purge removes one for good, once.
+#[test]
+fn dead_letters_stay_past_retention_up_to_their_own_limit() {
+    let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let pool = doomed_pool(3);
+    let ids: Vec<_> = (0..5)
+        .map(|_| {
+            let handle = pool
+                .submit(DOOMED.task(Counted(Arc::clone(&dropped))))
+                .unwrap();
+            assert!(finish(&handle).is_failed());
+            handle.id()
+        })
+        .collect();
+    let kept: Vec<_> = pool.dead_letters().iter().map(|d| d.id).collect();
+    assert_eq!(kept, ids[2..].to_vec(), "the newest three stay");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        2,
+        "the two oldest payloads went"
+    );
+    assert_eq!(pool.stats().dead_letters, 3);
+
+    assert!(pool.purge_dead_letter(ids[3]));
+    assert!(!pool.purge_dead_letter(ids[3]), "only once");
+    assert!(!pool.purge_dead_letter(ids[0]), "already over the limit");
+    assert_eq!(dropped.load(Ordering::SeqCst), 3);
+    let kept: Vec<_> = pool.dead_letters().iter().map(|d| d.id).collect();
+    assert_eq!(kept, vec![ids[2], ids[4]]);
+    // Gone from the pool entirely (retention 0): unknown now.
+    assert_eq!(pool.status(ids[3]), None);
+    assert_eq!(
+        pool.resubmit(DOOMED, ids[3]).err(),
+        Some(ResubmitError::UnknownTask(ids[3]))
+    );
+    pool.check_invariants().unwrap();
+}
+
+/// Paging goes by id order, which orders pools first: from an id of an older pool, a page starts
+/// at the first dead letter; from an id of a newer pool, there is nothing after it.
+#[test]
+fn dead_letter_pages_follow_id_order_across_pools() {
+    let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let older = doomed_pool(10);
+    let newer = doomed_pool(10);
+    assert!(older.id() < newer.id());
+    let fail = |pool: &Pool| {
+        let handle = pool
+            .submit(DOOMED.task(Counted(Arc::clone(&dropped))))
+            .unwrap();
+        assert!(finish(&handle).is_failed());
+        handle.id()
+    };
+    let old_ids = [fail(&older), fail(&older)];
+    let new_ids = [fail(&newer), fail(&newer), fail(&newer)];
+    let page = |pool: &Pool, after| -> Vec<_> {
+        pool.dead_letters_after(after, 10)
+            .iter()
+            .map(|d| d.id)
+            .collect()
+    };
+    assert_eq!(page(&newer, Some(old_ids[1])), new_ids.to_vec());
+    assert_eq!(page(&older, Some(new_ids[0])), vec![]);
+    assert_eq!(page(&newer, Some(new_ids[0])), new_ids[1..].to_vec());
+    assert_eq!(page(&newer, None), new_ids.to_vec());
+    let of_type: Vec<_> = newer
+        .dead_letters_of(DOOMED, Some(new_ids[1]), 1)
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(of_type, vec![new_ids[2]]);
+}
