@@ -1316,6 +1316,25 @@ mod tests {
             },
             "invariant 9",
         );
+        broken(|s, a, _| s.ready.push(0, a), "invariant 2");
+        broken(
+            |s, a, _| {
+                s.tokens.insert(a, CancelToken::new(Clock::System));
+            },
+            "invariant 4",
+        );
+        broken(
+            |s, a, _| s.finished.push_back((a, Instant::now())),
+            "invariant 1",
+        );
+        broken(
+            |s, a, _| {
+                let completion = Arc::clone(&s.records[&a].completion);
+                completion.publish(Finished::Cancelled(CancelReason::Requested));
+            },
+            "invariant 6",
+        );
+        broken(|s, _, _| s.stopping = true, "invariant 7");
         assert_eq!(second.pool(), 7);
     }
 }
