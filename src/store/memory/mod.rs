@@ -547,9 +547,11 @@ impl Drop for Shared {
     /// payloads, remembered outputs) are dropped one by one inside `catch_unwind`, never into
     /// the thread that happened to drop it.
     fn drop(&mut self) {
+        let mut effects = Effects::default();
         for record in self.state.get_mut().take_records() {
-            record.drop_quietly();
+            effects.drop_record_later(record);
         }
+        effects.apply();
     }
 }
 

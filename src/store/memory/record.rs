@@ -70,25 +70,6 @@ impl Record {
     pub(crate) fn key(&self) -> Option<&Arc<str>> {
         self.extra.as_ref().and_then(|e| e.key.as_ref())
     }
-
-    /// Drops the record's user values (its payload; its output, through the completion if this
-    /// was its last reference; its handler's error, in the failure) each on its own inside
-    /// `catch_unwind`: a second panic while the first unwinds would abort the process.
-    pub(crate) fn drop_quietly(self) {
-        let Record {
-            payload,
-            completion,
-            extra,
-            ..
-        } = self;
-        if let Some(payload) = payload {
-            unwind::drop_quietly(payload);
-        }
-        unwind::drop_quietly(completion);
-        if let Some(extra) = extra {
-            unwind::drop_quietly(extra);
-        }
-    }
 }
 
 /// What a transition leaves to do once the lock is released: drop user values (a payload's or
