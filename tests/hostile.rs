@@ -304,8 +304,8 @@ impl fmt::Display for PanickyDisplay {
 
 impl Error for PanickyDisplay {}
 
-/// Panics when dropped. It serves as a payload, as an output and as a panic payload. Its clones
-/// panic when dropped too.
+/// Panics when dropped. It serves as a payload, as an output, as a handler's error and as a panic
+/// payload. Its clones panic when dropped too.
 #[derive(Clone, Debug, PartialEq)]
 struct PanicsOnDrop(&'static str);
 
@@ -316,6 +316,14 @@ impl Drop for PanicsOnDrop {
         }
     }
 }
+
+impl fmt::Display for PanicsOnDrop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (panics when dropped)", self.0)
+    }
+}
+
+impl Error for PanicsOnDrop {}
 
 /// An output whose `Clone` panics. `wait` clones the output to hand it out.
 #[derive(Debug)]
@@ -1226,11 +1234,63 @@ fn retention_dropping_many_panicking_outputs_at_once_costs_nothing() {
                 outcome(&last, "the task after the outputs").succeeded(),
                 Some(5)
             );
+            // The worker drops what retention pushed out after it ended `last`: one more task
+            // makes sure it is past that, and past counting a panic if one escaped.
+            let after = pool.submit(JOB.task(6)).unwrap();
+            assert_eq!(outcome(&after, "the next task").succeeded(), Some(6));
             assert_eq!(pool.stats().totals.worker_panics, 0);
             assert_eq!(
                 pool.stats().retained,
-                1,
+                2,
                 "the four old records were dropped"
+            );
+            assert_workers_alive(&pool, 1, "after retention");
+        },
+    );
+}
+
+/// With no room for dead letters, a failed task's record stays until retention drops it, and it
+/// holds the handler's error. Retention by age then drops several failed records in one
+/// transition, each error's `Drop` panicking once the handles are gone: each is contained on its
+/// own, and the worker neither dies nor fails the task whose ending pushed them out.
+#[test]
+fn retention_dropping_many_failed_records_whose_errors_panic_on_drop() {
+    const DOOMED_ERROR: TaskType<(), ()> = TaskType::new("doomed_error");
+    watchdog(
+        "deadlock: retention dropping handler errors whose Drop panics",
+        || {
+            let clock = ManualClock::new();
+            let pool = TestPool::new(
+                builder(1)
+                    .manual_clock(clock.clone())
+                    .retention(100, Some(Duration::from_secs(1)))
+                    .dead_letter_limit(0)
+                    .register(DOOMED_ERROR, |_, _: &()| {
+                        Err(HandlerError::permanent(PanicsOnDrop("a handler error")))
+                    }),
+            );
+            for _ in 0..4 {
+                // Dropped at once: the record holds the last reference to the error.
+                drop(pool.submit(DOOMED_ERROR.task(())).unwrap());
+            }
+            pool.wait_idle();
+            assert_eq!(pool.stats().retained, 4);
+            assert!(pool.dead_letters().is_empty(), "the limit is zero");
+            clock.advance(Duration::from_secs(2));
+            let last = pool.submit(JOB.task(5)).unwrap();
+            assert_eq!(
+                outcome(&last, "the task after the failures").succeeded(),
+                Some(5)
+            );
+            // The worker drops what retention pushed out after it ended `last`: one more task
+            // makes sure it is past that, and past counting a panic if one escaped.
+            let after = pool.submit(JOB.task(6)).unwrap();
+            assert_eq!(outcome(&after, "the next task").succeeded(), Some(6));
+            assert_eq!(pool.stats().totals.worker_panics, 0);
+            assert_eq!(
+                pool.stats().retained,
+                2,
+                "the four failed records were dropped"
             );
             assert_workers_alive(&pool, 1, "after retention");
         },

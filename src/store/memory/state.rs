@@ -72,10 +72,10 @@ impl Hasher for IdHasher {
         self.0
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
+    /// Only task sequence numbers are hashed with this: anything else is refused loudly, rather
+    /// than hashed badly.
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("IdHasher hashes task sequence numbers (u64) only")
     }
 
     fn write_u64(&mut self, n: u64) {
@@ -1252,6 +1252,29 @@ mod tests {
             dependencies,
             key: Some("k".to_owned()),
         }
+    }
+
+    /// The low bits of an id's hash are the id (neighbours stay neighbours), and its top seven
+    /// bits, the table's tag, spread over consecutive ids.
+    #[test]
+    fn id_hasher_keeps_locality_and_spreads_tags() {
+        use std::hash::BuildHasher;
+        let hasher = BuildHasherDefault::<IdHasher>::default();
+        let low = u64::MAX >> 7;
+        let mut tags = std::collections::HashSet::new();
+        for id in (0..1024).chain([low, u64::MAX]) {
+            let hash = hasher.hash_one(id);
+            assert_eq!(hash & low, id & low, "the low bits of {id}'s hash");
+            tags.insert(hash >> 57);
+        }
+        assert!(tags.len() > 100, "only {} tags over 1,024 ids", tags.len());
+    }
+
+    #[test]
+    #[should_panic(expected = "hashes task sequence numbers (u64) only")]
+    fn id_hasher_refuses_other_keys() {
+        use std::hash::BuildHasher;
+        BuildHasherDefault::<IdHasher>::default().hash_one("a string");
     }
 
     /// The check names the invariant a corrupted state breaks (so the soak run's calls of it
