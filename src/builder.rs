@@ -10,8 +10,7 @@ use crate::error::BuildError;
 use crate::pool::Pool;
 use crate::registry::{Entry, Registry};
 use crate::retry::{HandlerError, RetryPolicy};
-use crate::store::memory::{Retention, Shared};
-use crate::sync::{self, Arc};
+use crate::store::memory::{MemoryStore, Retention};
 use crate::task::TaskType;
 use crate::worker;
 
@@ -484,47 +483,22 @@ impl Builder {
                 .expect("duplicates were refused above");
         }
 
-        let shared = Arc::new(Shared::new(
+        let store = MemoryStore::start(
             registry,
             self.clock,
             self.retention,
             workers,
-            self.seed,
             next_pool_id(),
-        ));
-        let sleeper: sync::Weak<Shared> = Arc::downgrade(&shared);
-        shared.clock().register(sleeper);
-
-        let mut handles = Vec::with_capacity(workers);
-        for index in 0..workers {
-            let worker_shared = Arc::clone(&shared);
-            let name = format!("{}-{index}", self.thread_name);
-            let quiet = self.quiet_panics;
-            let spawned = sync::spawn(name, self.stack_size, move || {
-                if quiet {
-                    crate::unwind::quiet_this_thread();
-                }
-                let _exit = ExitGuard(&worker_shared);
-                let mut rng = worker_shared.worker_rng(index);
-                worker::supervise(&worker_shared, &mut rng);
-            });
-            match spawned {
-                Ok(handle) => handles.push(handle),
-                Err(error) => {
-                    // Account for the workers that will never start, then stop the others.
-                    {
-                        let mut state = shared.lock();
-                        state.live_workers -= workers - index;
-                    }
-                    shared.stop_now();
-                    for handle in handles {
-                        let _ = handle.join();
-                    }
-                    return Err(BuildError::Spawn(error));
-                }
-            }
-        }
-        Ok(Pool::new(shared, handles))
+        );
+        let threads = worker::Threads {
+            count: workers,
+            name: self.thread_name,
+            stack_size: self.stack_size,
+            quiet_panics: self.quiet_panics,
+            seed: self.seed,
+        };
+        let handles = worker::spawn(&store, &threads).map_err(BuildError::Spawn)?;
+        Ok(Pool::new(store, handles))
     }
 }
 
@@ -539,15 +513,6 @@ fn check_cap(policy: &RetryPolicy) -> Result<(), BuildError> {
     match Instant::now().checked_add(policy.cap()) {
         Some(_) => Ok(()),
         None => Err(BuildError::DurationOverflow("the retry cap")),
-    }
-}
-
-/// Tells the pool a worker's loop ended, however it ended.
-struct ExitGuard<'a>(&'a Shared);
-
-impl Drop for ExitGuard<'_> {
-    fn drop(&mut self) {
-        self.0.worker_exited();
     }
 }
 

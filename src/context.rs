@@ -2,15 +2,14 @@
 //! cancellation token, and its pool (to submit follow-up tasks).
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cancel::{CancelToken, Cancelled};
 use crate::error::{CancelError, SubmitError};
 use crate::handle::TaskHandle;
-use crate::pool::CancelOutcome;
-use crate::store::memory::Shared;
-use crate::task::{Task, TaskId, TaskState, TaskType};
+use crate::store::Store;
+use crate::sync::Arc;
+use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
 
 /// The context a handler runs in.
 ///
@@ -42,7 +41,7 @@ pub struct Context<'a> {
     max_attempts: u32,
     task_type: &'static str,
     token: CancelToken,
-    shared: &'a Arc<Shared>,
+    pool: &'a Arc<dyn Store>,
 }
 
 impl<'a> Context<'a> {
@@ -52,7 +51,7 @@ impl<'a> Context<'a> {
         max_attempts: u32,
         task_type: &'static str,
         token: CancelToken,
-        shared: &'a Arc<Shared>,
+        pool: &'a Arc<dyn Store>,
     ) -> Self {
         Context {
             id,
@@ -60,7 +59,7 @@ impl<'a> Context<'a> {
             max_attempts,
             task_type,
             token,
-            shared,
+            pool,
         }
     }
 
@@ -138,7 +137,7 @@ impl<'a> Context<'a> {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        self.shared.submit(task)
+        crate::submit::submit(self.pool, task)
     }
 
     /// Cancels a task of this handler's pool, as [`Pool::cancel`](crate::Pool::cancel) does.
@@ -166,7 +165,7 @@ impl<'a> Context<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
-        self.shared.cancel(id)
+        self.pool.cancel(id)
     }
 
     /// A task's state in this handler's pool, if the pool still remembers it.
@@ -182,7 +181,7 @@ impl<'a> Context<'a> {
     /// ```
     #[must_use]
     pub fn status(&self, id: TaskId) -> Option<TaskState> {
-        self.shared.status(id)
+        self.pool.status(id)
     }
 
     /// A handle to a task of this handler's pool, as [`Pool::handle`](crate::Pool::handle)
@@ -215,7 +214,7 @@ impl<'a> Context<'a> {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<TaskHandle<O>> {
-        self.shared.handle(ty, id)
+        crate::submit::handle(self.pool, ty, id)
     }
 
     /// Gives the token back to the worker, which may reuse it for its next task.

@@ -5,11 +5,11 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
+use crate::completion::{Completion, Finished};
 use crate::error::{CancelError, TaskError};
-use crate::pool::CancelOutcome;
-use crate::store::memory::Shared;
-use crate::sync::{Arc, Condvar, Mutex, Weak};
-use crate::task::{CancelReason, Failure, TaskId, TaskState};
+use crate::store::Store;
+use crate::sync::{Arc, Weak};
+use crate::task::{CancelOutcome, CancelReason, Dependency, Failure, TaskId, TaskState};
 use crate::worker;
 
 /// How a task ended.
@@ -145,105 +145,6 @@ impl<O: fmt::Display> fmt::Display for Outcome<O> {
     }
 }
 
-/// A task's outcome as the engine stores it: the output is type-erased until a handle reads it.
-pub(crate) enum Finished {
-    /// `None` once [`TaskHandle::join`] took the output.
-    Succeeded(Option<Box<dyn Any + Send + Sync>>),
-    // Boxed: failures are rare, and every task's completion is as large as this enum.
-    Failed(Box<Failure>),
-    Cancelled(CancelReason),
-}
-
-impl Finished {
-    pub(crate) fn state(&self) -> TaskState {
-        match self {
-            Finished::Succeeded(_) => TaskState::Succeeded,
-            Finished::Failed(_) => TaskState::Failed,
-            Finished::Cancelled(_) => TaskState::Cancelled,
-        }
-    }
-}
-
-/// Where a task's outcome is published, once, for every handle to read.
-///
-/// It has its own lock, so waiters never touch the pool's lock while they wait or clone an output,
-/// and a slow waiter never holds up a worker (it holds this lock only to clone the output). It outlives the task's record (retention may drop
-/// the record while handles remain).
-pub(crate) struct Completion {
-    outcome: Mutex<Option<Finished>>,
-    cv: Condvar,
-}
-
-impl Completion {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Completion {
-            outcome: Mutex::new(None),
-            cv: Condvar::new(),
-        })
-    }
-
-    /// Publishes the outcome and wakes every waiter. Called once per task, under the pool lock, in
-    /// the step that makes the task terminal: it runs no user code (the output is moved in), and
-    /// waiters wake on this completion's own lock, not the pool's.
-    pub(crate) fn publish(&self, finished: Finished) {
-        let mut outcome = self.outcome.lock();
-        debug_assert!(outcome.is_none(), "a task reached two terminal states");
-        *outcome = Some(finished);
-        self.cv.notify_all();
-    }
-
-    /// The outcome, with a clone of the output (user code, run on the reader's thread under
-    /// this completion's lock only).
-    fn read<O: Clone + 'static>(finished: &Finished, id: TaskId) -> Outcome<O> {
-        match finished {
-            Finished::Succeeded(output) => Outcome::Succeeded(
-                output
-                    .as_ref()
-                    .unwrap_or_else(|| taken(id))
-                    .downcast_ref::<O>()
-                    .expect("output type checked at submit")
-                    .clone(),
-            ),
-            Finished::Failed(failure) => Outcome::Failed(Failure::clone(failure)),
-            Finished::Cancelled(reason) => Outcome::Cancelled(*reason),
-        }
-    }
-
-    /// Blocks until the outcome is published, then moves it out (the output, if any, is taken
-    /// for good). Returns the output as a box, to be downcast outside the lock.
-    fn take(&self, id: TaskId) -> Outcome<Box<dyn Any + Send + Sync>> {
-        let mut outcome = self.outcome.lock();
-        loop {
-            match outcome.as_mut() {
-                Some(Finished::Succeeded(output)) => {
-                    return Outcome::Succeeded(output.take().unwrap_or_else(|| taken(id)));
-                }
-                Some(Finished::Failed(failure)) => return Outcome::Failed(Failure::clone(failure)),
-                Some(Finished::Cancelled(reason)) => return Outcome::Cancelled(*reason),
-                None => self.cv.wait(&mut outcome),
-            }
-        }
-    }
-
-    pub(crate) fn state(&self) -> Option<TaskState> {
-        self.outcome.lock().as_ref().map(Finished::state)
-    }
-
-    pub(crate) fn is_published(&self) -> bool {
-        self.outcome.lock().is_some()
-    }
-
-    fn wait_state(&self) -> TaskState {
-        let mut outcome = self.outcome.lock();
-        loop {
-            if let Some(finished) = outcome.as_ref() {
-                return finished.state();
-            }
-            self.cv.wait(&mut outcome);
-        }
-    }
-}
-
 /// A handle to a submitted task: wait for its outcome, read its state, cancel it.
 ///
 /// Handles are cheap to clone; any number of threads may wait on one task. A handle stays valid
@@ -267,7 +168,7 @@ impl Completion {
 pub struct TaskHandle<O> {
     id: TaskId,
     completion: Arc<Completion>,
-    pool: Weak<Shared>,
+    pool: Weak<dyn Store>,
     duplicate: bool,
     _output: PhantomData<fn() -> O>,
 }
@@ -276,7 +177,7 @@ impl<O> TaskHandle<O> {
     pub(crate) fn new(
         id: TaskId,
         completion: Arc<Completion>,
-        pool: Weak<Shared>,
+        pool: Weak<dyn Store>,
         duplicate: bool,
     ) -> Self {
         TaskHandle {
@@ -286,10 +187,6 @@ impl<O> TaskHandle<O> {
             duplicate,
             _output: PhantomData,
         }
-    }
-
-    pub(crate) fn completion(&self) -> &Arc<Completion> {
-        &self.completion
     }
 
     /// Panics if the calling thread is running this task's handler: it would wait for itself.
@@ -441,7 +338,8 @@ impl<O: 'static> TaskHandle<O> {
     /// ```
     pub fn join(self) -> Outcome<O> {
         self.refuse_self_wait("join");
-        match self.completion.take(self.id) {
+        let id = self.id;
+        match self.completion.wait_with(|finished| take(finished, id)) {
             Outcome::Succeeded(output) => Outcome::Succeeded(
                 *output
                     .downcast::<O>()
@@ -483,13 +381,8 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// ```
     pub fn wait(&self) -> Outcome<O> {
         self.refuse_self_wait("wait");
-        let mut outcome = self.completion.outcome.lock();
-        loop {
-            if let Some(finished) = outcome.as_ref() {
-                return Completion::read(finished, self.id);
-            }
-            self.completion.cv.wait(&mut outcome);
-        }
+        let id = self.id;
+        self.completion.wait_with(|finished| read(finished, id))
     }
 
     /// Like [`wait`](TaskHandle::wait), but gives up after `timeout` (real time, not the pool's
@@ -512,16 +405,9 @@ impl<O: Clone + 'static> TaskHandle<O> {
             return Some(self.wait());
         };
         self.refuse_self_wait("wait_timeout");
-        let mut outcome = self.completion.outcome.lock();
-        loop {
-            if let Some(finished) = outcome.as_ref() {
-                return Some(Completion::read(finished, self.id));
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            self.completion.cv.wait_until(&mut outcome, deadline);
-        }
+        let id = self.id;
+        self.completion
+            .wait_until_with(deadline, |finished| read(finished, id))
     }
 
     /// The outcome if the task has finished, without blocking.
@@ -540,12 +426,91 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// ```
     #[must_use]
     pub fn try_wait(&self) -> Option<Outcome<O>> {
-        self.completion
-            .outcome
-            .lock()
-            .as_ref()
-            .map(|finished| Completion::read(finished, self.id))
+        let id = self.id;
+        self.completion.try_with(|finished| read(finished, id))
     }
+}
+
+/// The outcome, with a clone of the output (user code, run on the reader's thread under the
+/// completion's lock only).
+fn read<O: Clone + 'static>(finished: &mut Finished, id: TaskId) -> Outcome<O> {
+    match finished {
+        Finished::Succeeded(output) => Outcome::Succeeded(
+            output
+                .as_ref()
+                .unwrap_or_else(|| taken(id))
+                .downcast_ref::<O>()
+                .expect("output type checked at submit")
+                .clone(),
+        ),
+        Finished::Failed(failure) => Outcome::Failed(Failure::clone(failure)),
+        Finished::Cancelled(reason) => Outcome::Cancelled(*reason),
+    }
+}
+
+/// Moves the outcome out (the output, if any, is taken for good), as a box to be downcast
+/// outside the lock.
+fn take(finished: &mut Finished, id: TaskId) -> Outcome<Box<dyn Any + Send + Sync>> {
+    match finished {
+        Finished::Succeeded(output) => {
+            Outcome::Succeeded(output.take().unwrap_or_else(|| taken(id)))
+        }
+        Finished::Failed(failure) => Outcome::Failed(Failure::clone(failure)),
+        Finished::Cancelled(reason) => Outcome::Cancelled(*reason),
+    }
+}
+
+impl<O> From<&TaskHandle<O>> for Dependency {
+    fn from(handle: &TaskHandle<O>) -> Self {
+        Dependency::of_handle(handle.id(), Arc::clone(&handle.completion))
+    }
+}
+
+impl<O> From<TaskHandle<O>> for Dependency {
+    fn from(handle: TaskHandle<O>) -> Self {
+        Dependency::from(&handle)
+    }
+}
+
+/// What [`Pool::resubmit_with_dependents`](crate::Pool::resubmit_with_dependents) did: the dead
+/// letter's new task, and the dependents its failure had cancelled, brought back.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use tasq::{HandlerError, Pool, TaskType};
+///
+/// static UP: AtomicBool = AtomicBool::new(false);
+/// const FETCH: TaskType<(), u32> = TaskType::new("fetch");
+/// const PARSE: TaskType<(), ()> = TaskType::new("parse");
+/// let pool = Pool::builder()
+///     .workers(1)
+///     .register(FETCH, |_, _: &()| {
+///         if UP.load(Ordering::SeqCst) { Ok(7) } else { Err(HandlerError::permanent("down")) }
+///     })
+///     .register(PARSE, |_, _: &()| Ok::<_, HandlerError>(()))
+///     .build()?;
+/// let fetch = pool.submit(FETCH.task(()))?;
+/// let parse = pool.submit(PARSE.task(()).after([&fetch]))?;
+/// assert!(parse.wait().is_cancelled());
+///
+/// UP.store(true, Ordering::SeqCst);
+/// let again = pool.resubmit_with_dependents(FETCH, fetch.id())?;
+/// assert_eq!(again.task.wait().succeeded(), Some(7));
+/// assert_eq!(again.dependents.len(), 1);
+/// let (old, new) = again.dependents[0];
+/// assert_eq!(old, parse.id());
+/// assert!(pool.handle(PARSE, new).unwrap().wait().is_succeeded());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Resubmitted<O> {
+    /// The dead letter's new task.
+    pub task: TaskHandle<O>,
+    /// Each dependent brought back: its old id and its new one, dependencies first.
+    pub dependents: Vec<(TaskId, TaskId)>,
 }
 
 /// The panic of a read after [`TaskHandle::join`] took the output.

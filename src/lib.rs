@@ -47,6 +47,10 @@
 //! tasks blocked on dependencies, and the task records. A worker takes a task, releases the
 //! lock, runs the handler, and locks again to record the outcome. See `src/store/memory/mod.rs`
 //! for the wake-up protocol and `src/store/memory/state.rs` for the state machine's invariants.
+//!
+//! The pool, its handles, a handler's context and the worker loop reach the tasks only through
+//! one type-erased trait, `Store` (`src/store/mod.rs`); the embedded store is one implementation
+//! of it, in its own folder, and only building a pool names it.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs, missing_debug_implementations)]
@@ -55,6 +59,7 @@
 mod builder;
 mod cancel;
 mod clock;
+mod completion;
 mod context;
 mod dead_letter;
 mod error;
@@ -64,6 +69,7 @@ mod registry;
 mod retry;
 mod stats;
 mod store;
+mod submit;
 mod sync;
 mod task;
 mod unwind;
@@ -73,17 +79,17 @@ pub use builder::{Builder, TypeOptions};
 pub use cancel::{CancelToken, Cancelled};
 pub use clock::ManualClock;
 pub use context::Context;
-pub use dead_letter::{DeadLetter, Resubmitted};
+pub use dead_letter::DeadLetter;
 pub use error::{
     BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind, TaskError, WaitError,
 };
-pub use handle::{Outcome, TaskHandle};
-pub use pool::{CancelOutcome, Pool};
+pub use handle::{Outcome, Resubmitted, TaskHandle};
+pub use pool::Pool;
 pub use retry::{HandlerError, ResultExt, RetryPolicy};
 pub use stats::{ShutdownReport, Stats, TaskInfo, Totals};
 pub use task::{
-    CancelReason, Dependency, Failure, FailureReason, ParseTaskIdError, Task, TaskId, TaskState,
-    TaskType,
+    CancelOutcome, CancelReason, Dependency, Failure, FailureReason, ParseTaskIdError, Task,
+    TaskId, TaskState, TaskType,
 };
 
 // The README's examples are doctests too.

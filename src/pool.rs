@@ -6,38 +6,12 @@ use std::time::{Duration, Instant};
 use crate::builder::Builder;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitError, WaitError};
-use crate::handle::TaskHandle;
+use crate::handle::{Resubmitted, TaskHandle};
 use crate::stats::{ShutdownReport, Stats, TaskInfo};
-use crate::store::memory::{Shared, deadline_after};
+use crate::store::Store;
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
-use crate::task::{Task, TaskId, TaskState, TaskType};
-
-/// What [`Pool::cancel`] did.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use tasq::{CancelOutcome, HandlerError, Pool, TaskType};
-///
-/// const JOB: TaskType<(), ()> = TaskType::new("job");
-/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
-/// let handle = pool.submit(JOB.task(()).delay(Duration::from_secs(60)))?;
-/// assert_eq!(pool.cancel(handle.id())?, CancelOutcome::Cancelled);
-/// assert!(matches!(pool.cancel(handle.id())?, CancelOutcome::AlreadyFinished(_)));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CancelOutcome {
-    /// The task had not started: it is now cancelled and will never run.
-    Cancelled,
-    /// The task is running: its token has fired, and it will end cancelled when its handler
-    /// returns, whatever the handler returns.
-    Signalled,
-    /// The task had already finished, in this state.
-    AlreadyFinished(TaskState),
-}
+use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
+use crate::{unwind, worker};
 
 /// A pool of worker threads running tasks from a priority queue, with retries, dead letters,
 /// dependencies, cancellation and graceful shutdown.
@@ -73,16 +47,17 @@ pub enum CancelOutcome {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Pool {
-    shared: Arc<Shared>,
+    /// Where the tasks are: the only way this pool reaches them.
+    store: Arc<dyn Store>,
     workers: Mutex<Vec<JoinHandle>>,
     worker_ids: Vec<ThreadId>,
 }
 
 impl Pool {
-    pub(crate) fn new(shared: Arc<Shared>, handles: Vec<JoinHandle>) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, handles: Vec<JoinHandle>) -> Self {
         let worker_ids = handles.iter().map(sync::thread_id).collect();
         Pool {
-            shared,
+            store,
             workers: Mutex::new(handles),
             worker_ids,
         }
@@ -136,7 +111,7 @@ impl Pool {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        self.shared.submit(task)
+        crate::submit::submit(&self.store, task)
     }
 
     /// Cancels a task. One that has not started (blocked, scheduled, ready, or waiting to retry)
@@ -163,7 +138,7 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
-        self.shared.cancel(id)
+        self.store.cancel(id)
     }
 
     /// A task's state, if the pool still remembers it.
@@ -181,7 +156,7 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn status(&self, id: TaskId) -> Option<TaskState> {
-        self.shared.status(id)
+        self.store.status(id)
     }
 
     /// What the pool knows of a task, if it still remembers it.
@@ -199,7 +174,7 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn info(&self, id: TaskId) -> Option<TaskInfo> {
-        self.shared.info(id)
+        self.store.info(id)
     }
 
     /// A handle to a task the pool still remembers, for example a resubmitted dead letter.
@@ -222,7 +197,7 @@ impl Pool {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<TaskHandle<O>> {
-        self.shared.handle(ty, id)
+        crate::submit::handle(&self.store, ty, id)
     }
 
     /// This pool's id: the first half of every [`TaskId`] it gives, unique within the process.
@@ -237,7 +212,7 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn id(&self) -> u64 {
-        self.shared.pool_id()
+        self.store.pool_id()
     }
 
     /// Blocks until no task is ready or running and none is due: everything left waits for a
@@ -304,9 +279,9 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait_idle_timeout(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
-        let deadline = timeout.and_then(|t| deadline_after(self.shared.clock(), t));
-        self.shared
-            .wait_until_done(deadline, |state, now| state.is_idle(now))
+        self.refuse_from_handler()?;
+        let deadline = timeout.and_then(|t| self.store.deadline_after(t));
+        self.store.wait_idle(deadline)
     }
 
     /// Blocks until the pool has nothing left: no task blocked, scheduled (delayed or waiting
@@ -337,16 +312,16 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn wait_empty(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
-        let deadline = timeout.and_then(|t| deadline_after(self.shared.clock(), t));
-        self.shared
-            .wait_until_done(deadline, |state, _| state.outstanding() == 0)
+        self.refuse_from_handler()?;
+        let deadline = timeout.and_then(|t| self.store.deadline_after(t));
+        self.store.wait_empty(deadline)
     }
 
     /// Checks the engine's internal invariants (listed in `src/store/memory/state.rs`) and names
     /// the first one broken. For the crate's own tests: it reads every task under the lock.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.shared.check_invariants()
+        self.store.check_invariants()
     }
 
     /// A snapshot of the pool's counts.
@@ -361,7 +336,7 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn stats(&self) -> Stats {
-        self.shared.stats()
+        self.store.stats()
     }
 
     /// Every dead letter, oldest id first: a copy of each. Dead letters stay until taken,
@@ -381,7 +356,7 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn dead_letters(&self) -> Vec<DeadLetter> {
-        self.shared.dead_letters(None, None, usize::MAX)
+        self.store.dead_letters(None, None, usize::MAX)
     }
 
     /// A page of dead letters: at most `limit`, oldest id first, starting after `after` (from
@@ -409,7 +384,7 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn dead_letters_after(&self, after: Option<TaskId>, limit: usize) -> Vec<DeadLetter> {
-        self.shared.dead_letters(after, None, limit)
+        self.store.dead_letters(after, None, limit)
     }
 
     /// Like [`dead_letters_after`](Pool::dead_letters_after), only those of type `ty`.
@@ -436,8 +411,8 @@ impl Pool {
         after: Option<TaskId>,
         limit: usize,
     ) -> Vec<DeadLetter> {
-        match self.shared.type_index(ty) {
-            Ok(index) => self.shared.dead_letters(after, Some(index), limit),
+        match self.store.registry().type_index(ty) {
+            Ok(index) => self.store.dead_letters(after, Some(index), limit),
             Err(_) => Vec::new(),
         }
     }
@@ -458,7 +433,7 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn purge_dead_letter(&self, id: TaskId) -> bool {
-        self.shared.purge_dead_letter(id)
+        self.store.purge_dead_letter(id)
     }
 
     /// Runs a dead letter of type `ty` again as a new task (same payload, priority and key;
@@ -499,7 +474,14 @@ impl Pool {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Result<TaskHandle<O>, ResubmitError> {
-        self.shared.resubmit(ty, id)
+        let type_index = self.resubmit_type(ty, id)?;
+        let (new, completion) = self.store.resubmit(id, type_index)?;
+        Ok(TaskHandle::new(
+            new,
+            completion,
+            Arc::downgrade(&self.store),
+            false,
+        ))
     }
 
     /// Like [`resubmit`](Pool::resubmit), and also brings back the dependents that the dead
@@ -517,13 +499,23 @@ impl Pool {
     ///
     /// # Examples
     ///
-    /// See [`Resubmitted`](crate::Resubmitted).
+    /// See [`Resubmitted`].
     pub fn resubmit_with_dependents<P: 'static, O: 'static>(
         &self,
         ty: TaskType<P, O>,
         id: TaskId,
-    ) -> Result<crate::Resubmitted<O>, ResubmitError> {
-        self.shared.resubmit_with_dependents(ty, id)
+    ) -> Result<Resubmitted<O>, ResubmitError> {
+        let type_index = self.resubmit_type(ty, id)?;
+        let revived = self.store.resubmit_with_dependents(id, type_index)?;
+        Ok(Resubmitted {
+            task: TaskHandle::new(
+                revived.id,
+                revived.completion,
+                Arc::downgrade(&self.store),
+                false,
+            ),
+            dependents: revived.dependents,
+        })
     }
 
     /// Takes a dead letter's payload out of the pool, to inspect it, store it elsewhere or
@@ -553,7 +545,15 @@ impl Pool {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<P> {
-        self.shared.take_dead_letter(ty, id)
+        let type_index = self.store.registry().type_index(ty).ok()?;
+        // Moved out under the store's lock; downcast outside it.
+        match self.store.take_dead_letter(id, type_index)?.downcast::<P>() {
+            Ok(payload) => Some(*payload),
+            Err(other) => {
+                unwind::drop_quietly(other);
+                None
+            }
+        }
     }
 
     /// Shuts the pool down gracefully and waits for its threads.
@@ -596,11 +596,11 @@ impl Pool {
     /// ```
     pub fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let started = Instant::now();
-        let deadline = deadline_after(self.shared.clock(), timeout);
+        let deadline = self.store.deadline_after(timeout);
         // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
         // (another handler may be in shutdown too, waiting for this one's thread).
         let from_handler = self.worker_ids.contains(&sync::current_thread_id());
-        let drained = self.shared.drain(from_handler, deadline);
+        let drained = self.store.drain(from_handler, deadline);
         if !from_handler {
             let handles = std::mem::take(&mut *self.workers.lock());
             for handle in handles {
@@ -608,7 +608,7 @@ impl Pool {
                 let _ = handle.join();
             }
         }
-        let totals = self.shared.wait_for_workers(from_handler);
+        let totals = self.store.wait_for_workers(from_handler);
         ShutdownReport {
             succeeded: totals.succeeded,
             failed: totals.failed,
@@ -621,16 +621,39 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// The index of a resubmitted dead letter's type.
+    fn resubmit_type<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+        id: TaskId,
+    ) -> Result<u32, ResubmitError> {
+        let registry = self.store.registry();
+        registry
+            .type_index(ty)
+            .map_err(|_| ResubmitError::TypeMismatch(id))
+    }
+
+    /// The pool's own handlers cannot wait for it to be idle or empty: their tasks are running,
+    /// so it never is for them.
+    fn refuse_from_handler(&self) -> Result<(), WaitError> {
+        match worker::current_task() {
+            Some(id) if id.pool() == self.store.pool_id() => Err(WaitError::FromHandler),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.shared.stop_now();
+        self.store.stop_now();
     }
 }
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
-            .field("shared", &self.shared)
+            .field("store", &self.store)
             .field("workers", &self.worker_ids.len())
             .finish()
     }

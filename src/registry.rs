@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::context::Context;
+use crate::error::SubmitErrorKind;
 use crate::retry::{HandlerError, RetryPolicy};
+use crate::task::TaskType;
 
 /// A handler with its payload and output types erased.
 pub(crate) type ErasedHandler = Box<
@@ -54,6 +56,21 @@ impl Registry {
         }
         let same = |e: &Entry| std::ptr::eq(e.name, name) || e.name == name;
         self.entries.iter().position(same).map(|i| i as u32)
+    }
+
+    /// The index of `ty`, checking its payload and output types.
+    pub(crate) fn type_index<P: 'static, O: 'static>(
+        &self,
+        ty: TaskType<P, O>,
+    ) -> Result<u32, SubmitErrorKind> {
+        let index = self
+            .index_of(ty.name())
+            .ok_or(SubmitErrorKind::UnknownType(ty.name()))?;
+        let entry = self.entry(index);
+        if entry.payload != TypeId::of::<P>() || entry.output != TypeId::of::<O>() {
+            return Err(SubmitErrorKind::TypeMismatch(ty.name()));
+        }
+        Ok(index)
     }
 
     pub(crate) fn entry(&self, index: u32) -> &Entry {

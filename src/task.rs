@@ -5,7 +5,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::handle::{Completion, TaskHandle};
+use crate::completion::Completion;
 use std::time::{Duration, Instant};
 
 /// The id a pool gives a task when it accepts it: the pool's own id and a sequence number,
@@ -311,7 +311,7 @@ impl<P, O> Task<P, O> {
     /// Runs the task only after every task in `dependencies` has succeeded. If one fails or is
     /// cancelled, this task ends cancelled. Adds to earlier calls.
     ///
-    /// Each dependency is a [`TaskId`] or a [`TaskHandle`] (by reference or by value). A handle
+    /// Each dependency is a [`TaskId`] or a [`TaskHandle`](crate::TaskHandle) (by reference or by value). A handle
     /// is better where it is at hand: a dependency that has succeeded and that retention has
     /// since made the pool forget is refused as unknown when given by id, but accepted as
     /// satisfied when its handle shows it succeeded.
@@ -509,7 +509,7 @@ impl fmt::Display for FailureReason {
     }
 }
 
-/// A task another task waits for: made from a [`TaskId`] or a [`TaskHandle`], for
+/// A task another task waits for: made from a [`TaskId`] or a [`TaskHandle`](crate::TaskHandle), for
 /// [`Task::after`].
 ///
 /// # Examples
@@ -540,6 +540,14 @@ impl Dependency {
         self.id
     }
 
+    /// A dependency on the task a handle stands for.
+    pub(crate) fn of_handle(id: TaskId, completion: Arc<Completion>) -> Self {
+        Dependency {
+            id,
+            completion: Some(completion),
+        }
+    }
+
     /// Whether a handle to the task showed it succeeded.
     pub(crate) fn succeeded(&self) -> bool {
         self.completion
@@ -557,25 +565,37 @@ impl From<TaskId> for Dependency {
     }
 }
 
-impl<O> From<&TaskHandle<O>> for Dependency {
-    fn from(handle: &TaskHandle<O>) -> Self {
-        Dependency {
-            id: handle.id(),
-            completion: Some(Arc::clone(handle.completion())),
-        }
-    }
-}
-
-impl<O> From<TaskHandle<O>> for Dependency {
-    fn from(handle: TaskHandle<O>) -> Self {
-        Dependency::from(&handle)
-    }
-}
-
 impl fmt::Debug for Dependency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.id, f)
     }
+}
+
+/// What [`Pool::cancel`](crate::Pool::cancel) did.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tasq::{CancelOutcome, HandlerError, Pool, TaskType};
+///
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let handle = pool.submit(JOB.task(()).delay(Duration::from_secs(60)))?;
+/// assert_eq!(pool.cancel(handle.id())?, CancelOutcome::Cancelled);
+/// assert!(matches!(pool.cancel(handle.id())?, CancelOutcome::AlreadyFinished(_)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CancelOutcome {
+    /// The task had not started: it is now cancelled and will never run.
+    Cancelled,
+    /// The task is running: its token has fired, and it will end cancelled when its handler
+    /// returns, whatever the handler returns.
+    Signalled,
+    /// The task had already finished, in this state.
+    AlreadyFinished(TaskState),
 }
 
 /// Why a task was cancelled.

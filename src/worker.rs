@@ -2,16 +2,83 @@
 //! result, complete the task. And the supervision that keeps a worker alive whatever happens.
 
 use std::cell::Cell;
-use std::sync::Arc;
 
-use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 use crate::context::Context;
 use crate::registry::Entry;
-use crate::store::memory::Shared;
 use crate::store::{Claim, RunOutcome, Store};
+use crate::sync::{self, Arc, JoinHandle};
 use crate::task::{Failure, FailureReason, TaskId};
 use crate::unwind;
+
+/// How the worker threads are started.
+pub(crate) struct Threads {
+    pub(crate) count: usize,
+    /// Thread `i` is named `{name}-{i}`.
+    pub(crate) name: String,
+    pub(crate) stack_size: Option<usize>,
+    /// Caught panics do not print (see `Builder::quiet_panics`).
+    pub(crate) quiet_panics: bool,
+    /// Seeds the workers' random sources (retry jitter), for deterministic tests.
+    pub(crate) seed: Option<u64>,
+}
+
+/// Starts the worker threads on `store`. If one cannot be started, the store is stopped, the
+/// threads already started are joined, and the error returned.
+pub(crate) fn spawn<S: Store + 'static>(
+    store: &Arc<S>,
+    threads: &Threads,
+) -> std::io::Result<Vec<JoinHandle>> {
+    let mut handles = Vec::with_capacity(threads.count);
+    for index in 0..threads.count {
+        let worker_store = Arc::clone(store);
+        let name = format!("{}-{index}", threads.name);
+        let quiet = threads.quiet_panics;
+        let seed = threads.seed;
+        let spawned = sync::spawn(name, threads.stack_size, move || {
+            if quiet {
+                unwind::quiet_this_thread();
+            }
+            let _exit = ExitGuard(&*worker_store);
+            let mut rng = rng(seed, index);
+            supervise(&worker_store, &mut rng);
+        });
+        match spawned {
+            Ok(handle) => handles.push(handle),
+            Err(error) => {
+                // Account for the workers that will never start, then stop the others.
+                for _ in index..threads.count {
+                    store.worker_exited();
+                }
+                store.stop_now();
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(handles)
+}
+
+/// The random source of worker `index`: seeded for deterministic tests, else from the OS.
+fn rng(seed: Option<u64>, index: usize) -> SmallRng {
+    match seed {
+        Some(seed) => SmallRng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9E37_79B9)),
+        None => SmallRng::from_os_rng(),
+    }
+}
+
+/// Tells the store a worker's loop ended, however it ended.
+struct ExitGuard<'a, S: Store>(&'a S);
+
+impl<S: Store> Drop for ExitGuard<'_, S> {
+    fn drop(&mut self) {
+        self.0.worker_exited();
+    }
+}
 
 crate::sync::thread_local! {
     // Not `const`-initialised: loom's `thread_local!` does not take that form.
@@ -47,42 +114,49 @@ impl Drop for Running {
 /// that still escapes is the engine's own bug; the worker does not die of it: the task it held
 /// ends failed (so every wait on it returns), the pool counts the panic in
 /// [`Totals::worker_panics`](crate::Totals::worker_panics), and the worker starts its loop again.
-pub(crate) fn supervise<R: Rng>(shared: &Arc<Shared>, rng: &mut R) {
+fn supervise<S: Store + 'static, R: Rng>(store: &Arc<S>, rng: &mut R) {
+    // What a handler's context reaches its pool through.
+    let pool: Arc<dyn Store> = Arc::clone(store) as Arc<dyn Store>;
     let held = Cell::new(None);
     loop {
-        match unwind::catch(|| run(shared, rng, &held)) {
+        match unwind::catch(|| run(&**store, &pool, rng, &held)) {
             Ok(()) => return,
             Err(message) => {
                 let message = format!("the worker running this task panicked: {message}");
-                shared.worker_panicked(held.take(), message);
+                store.worker_panicked(held.take(), message);
             }
         }
     }
 }
 
-/// Runs tasks from `shared` until it says to stop. `held` names the claimed task at every
-/// moment, for [`supervise`].
-fn run<R: Rng>(shared: &Arc<Shared>, rng: &mut R, held: &Cell<Option<TaskId>>) {
-    let mut next = shared.claim(None);
+/// Runs tasks from `store` until it says to stop. `held` names the claimed task at every
+/// moment, for [`supervise`]; `pool` is the same store, for the handlers' contexts.
+fn run<S: Store, R: Rng>(
+    store: &S,
+    pool: &Arc<dyn Store>,
+    rng: &mut R,
+    held: &Cell<Option<TaskId>>,
+) {
+    let mut next = store.claim(None);
     while let Some(claim) = next {
         held.set(Some(claim.id));
         #[cfg(all(test, not(loom)))]
         tests::maybe_inject_engine_panic();
-        let entry = shared.registry().entry(claim.type_index);
+        let entry = store.registry().entry(claim.type_index);
         let ctx = Context::new(
             claim.id,
             claim.attempt,
             entry.max_attempts,
             entry.name,
             claim.token.clone(),
-            shared,
+            pool,
         );
         let outcome = {
             let _running = Running::enter(claim.id);
             run_handler(entry, &ctx, &claim, rng)
         };
         let token = ctx.into_token();
-        next = shared.complete_and_claim(claim, outcome, token);
+        next = store.complete_and_claim(claim, outcome, token);
         held.set(next.as_ref().map(|c| c.id));
     }
 }

@@ -1,18 +1,72 @@
-//! The seam between the worker runtime and where tasks wait.
+//! The seam between the pool and where tasks wait.
 //!
-//! The runtime in `worker.rs` only claims a task, runs its handler and completes it with the
-//! classified outcome; a store decides which task comes next, keeps every task's state, and
-//! carries out retries, dead letters, dependencies and cancellation. The embedded store
-//! (`memory`) keeps tasks in one process; a durable store plugs in behind the same trait.
+//! [`Store`] is everything the layer above needs of a store, type-erased: the pool, its handles,
+//! a handler's context and the worker runtime talk to a store only through it, and nothing above
+//! this module knows which store it runs on. The typed side (task types, payloads, outputs,
+//! handles) lives above, in `pool.rs`, `handle.rs` and `submit.rs`; a store sees a task's
+//! payload and output as `dyn Any` and its type as an index into the [`Registry`].
+//!
+//! A store decides which task comes next, keeps every task's state, and carries out retries,
+//! dead letters, dependencies, cancellation, retention and shutdown. The embedded store
+//! (`memory`) keeps tasks in one process; a durable store sits beside it behind the same trait.
 
 use std::any::Any;
-use std::time::Duration;
+use std::fmt;
+use std::time::{Duration, Instant};
 
 use crate::cancel::CancelToken;
+use crate::completion::Completion;
+use crate::dead_letter::DeadLetter;
+use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::registry::Registry;
-use crate::task::{Failure, TaskId};
+use crate::stats::{Stats, TaskInfo, Totals};
+use crate::sync::Arc;
+use crate::task::{CancelOutcome, Dependency, Failure, Start, TaskId, TaskState};
 
 pub(crate) mod memory;
+
+/// A task on its way into a store. The store reads what it needs, and takes the payload out of
+/// `payload` only once it has accepted the task: a refused or deduplicated task keeps it, so the
+/// caller can hand the whole task back (or drop it outside any lock).
+pub(crate) struct Submission<'a> {
+    /// Checked against the registry by the caller.
+    pub(crate) type_index: u32,
+    pub(crate) priority: u8,
+    /// When it may first run, turned into a due time on the store's own clock.
+    pub(crate) start: Start,
+    pub(crate) dependencies: &'a [Dependency],
+    pub(crate) key: Option<&'a str>,
+    pub(crate) payload: &'a mut dyn PayloadSlot,
+}
+
+/// Where a submitted task's payload waits until a store takes it.
+pub(crate) trait PayloadSlot {
+    /// Moves the payload out, boxed. Called at most once, by the store that accepts the task.
+    fn take(&mut self) -> Box<dyn Any + Send>;
+}
+
+impl<P: Send + 'static> PayloadSlot for Option<P> {
+    fn take(&mut self) -> Box<dyn Any + Send> {
+        Box::new(Option::take(self).expect("a store takes a payload once"))
+    }
+}
+
+/// What a store made of a [`Submission`] it accepted.
+pub(crate) struct Submitted {
+    pub(crate) id: TaskId,
+    pub(crate) completion: Arc<Completion>,
+    /// The task's key belonged to a live or succeeded task: this is that task, and the
+    /// submission's payload was not taken.
+    pub(crate) duplicate: bool,
+}
+
+/// A dead letter brought back with its dependents (see `Pool::resubmit_with_dependents`).
+pub(crate) struct Revived {
+    pub(crate) id: TaskId,
+    pub(crate) completion: Arc<Completion>,
+    /// Each dependent brought back: its old id and its new one.
+    pub(crate) dependents: Vec<(TaskId, TaskId)>,
+}
 
 /// A task taken by a worker: everything the runtime needs to run it once.
 pub(crate) struct Claim {
@@ -36,22 +90,124 @@ pub(crate) enum RunOutcome {
     Failed(Failure),
 }
 
-/// Where tasks wait, as the worker runtime sees it.
-pub(crate) trait Store: Send + Sync {
-    /// The handlers, by the type index in each claim.
+/// What a shutdown's drain did.
+pub(crate) struct Drained {
+    pub(crate) deadline_reached: bool,
+    /// The totals when the pool closed.
+    pub(crate) before: Totals,
+    /// The tasks still running when the drain ended, with their types' names.
+    pub(crate) interrupted: Vec<(TaskId, &'static str)>,
+}
+
+/// Where tasks wait. Object-safe: the pool holds an `Arc<dyn Store>`; the worker runtime is
+/// generic over the store it runs (the hot path, claim and complete, is not a virtual call).
+///
+/// Every method may be called from any thread, concurrently. None runs user code under a lock
+/// of the store: a user value the store drops (a payload, an output, an error) is dropped after
+/// the lock is released, inside `catch_unwind`.
+pub(crate) trait Store: Send + Sync + fmt::Debug {
+    // ===== identity =====
+
+    /// The pool id: the first half of every [`TaskId`] this store gives out.
+    fn pool_id(&self) -> u64;
+
+    /// The task types, by the index a [`Submission`] and a [`Claim`] carry.
     fn registry(&self) -> &Registry;
+
+    // ===== tasks =====
+
+    /// Whether the store is closed to new tasks (a shutdown began, or the pool was dropped).
+    fn is_closed(&self) -> bool;
+
+    /// Accepts a task, or says why not (the submission keeps its payload then).
+    fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind>;
+
+    fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError>;
+
+    fn status(&self, id: TaskId) -> Option<TaskState>;
+
+    fn info(&self, id: TaskId) -> Option<TaskInfo>;
+
+    /// A task's type index and completion, to make a handle for it.
+    fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)>;
+
+    fn stats(&self) -> Stats;
+
+    // ===== dead letters =====
+
+    fn dead_letters(
+        &self,
+        after: Option<TaskId>,
+        type_index: Option<u32>,
+        limit: usize,
+    ) -> Vec<DeadLetter>;
+
+    fn purge_dead_letter(&self, id: TaskId) -> bool;
+
+    /// Runs dead letter `id`, of type `type_index`, again as a new task.
+    fn resubmit(
+        &self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Result<(TaskId, Arc<Completion>), ResubmitError>;
+
+    fn resubmit_with_dependents(
+        &self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Result<Revived, ResubmitError>;
+
+    /// Moves a dead letter's payload out (the caller downcasts and drops it).
+    fn take_dead_letter(&self, id: TaskId, type_index: u32) -> Option<Box<dyn Any + Send>>;
+
+    // ===== waiting and shutdown =====
+
+    /// Blocks until nothing is ready, running or due, or until `deadline` on the store's clock.
+    /// The caller has refused calls from this pool's own handlers.
+    fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError>;
+
+    /// Blocks until nothing is left at all, or until `deadline` on the store's clock.
+    fn wait_empty(&self, deadline: Option<Instant>) -> Result<(), WaitError>;
+
+    /// `timeout` from now on the store's clock, `None` if it cannot be represented.
+    fn deadline_after(&self, timeout: Duration) -> Option<Instant>;
+
+    /// Closes the store to new tasks, lets the workers drain what can still finish until
+    /// `deadline`, then stops it: whatever is left is cancelled, running handlers see their
+    /// tokens fire. `from_handler`: the caller is one of the pool's handlers.
+    fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained;
+
+    /// Waits until every worker has left its loop, except those whose handlers are themselves
+    /// in `shutdown`; returns the totals then.
+    fn wait_for_workers(&self, from_handler: bool) -> Totals;
+
+    /// Stops at once (the pool is dropped): cancels what has not started, fires the tokens of
+    /// what runs, does not wait.
+    fn stop_now(&self);
+
+    /// Checks the store's internal invariants, naming the first one broken.
+    fn check_invariants(&self) -> Result<(), String>;
+
+    // ===== the worker runtime =====
 
     /// Blocks until a task can run, and claims it; `None` when the worker should exit. `spare`
     /// is a token the claim may use instead of allocating one.
     fn claim(&self, spare: Option<CancelToken>) -> Option<Claim>;
 
     /// Records the outcome of a claimed task's run, then claims the next task as
-    /// [`claim`](Store::claim) does (under one lock when a task is ready at once). `token` is the
-    /// finished claim's token, which the next claim reuses if nobody else holds it.
+    /// [`claim`](Store::claim) does (at once when a task is ready). `token` is the finished
+    /// claim's token, which the next claim reuses if nobody else holds it.
     fn complete_and_claim(
         &self,
         claim: Claim,
         outcome: RunOutcome,
         token: CancelToken,
     ) -> Option<Claim>;
+
+    /// A worker's loop panicked while it held `held` (the engine's own bug): the task ends
+    /// failed with `message`, and the panic is counted.
+    fn worker_panicked(&self, held: Option<TaskId>, message: String);
+
+    /// A worker's loop ended (or a worker never started).
+    fn worker_exited(&self);
 }

@@ -24,7 +24,7 @@
 //! The rules that keep every ready task served (each checked under the lock):
 //!
 //! 1. When tasks become ready, sleepers are woken until there are as many searchers as ready
-//!    tasks, but no more than there are CPUs (`Shared::max_searchers`): more threads woken at once
+//!    tasks, but no more than there are CPUs (`MemoryStore::max_searchers`): more threads woken at once
 //!    than can run only contend for the lock. Each searcher that takes a task applies this rule
 //!    again (rule 2), so a deep queue still wakes every worker, in a few parallel chains.
 //! 2. A worker that takes a task applies rule 1 to the tasks still ready, and wakes a sleeper if
@@ -39,7 +39,7 @@
 //! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
 //!
 //! Before a worker goes to sleep untimed, it spins for a microsecond or two outside the lock (one
-//! worker at a time), watching `Shared::ready_epoch`, which every transition that makes a task
+//! worker at a time), watching `MemoryStore::ready_epoch`, which every transition that makes a task
 //! ready bumps: a worker that keeps up with its producer then catches the next task without two
 //! context switches. A spinning worker is not counted as idle, and it re-checks the queue under
 //! the lock before it sleeps, so spinning never loses a wake-up; it happens once per idle period,
@@ -54,10 +54,8 @@ mod record;
 mod state;
 mod submit;
 
+use std::any::Any;
 use std::time::{Duration, Instant};
-
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 
 pub(crate) use record::Effects;
 pub(crate) use state::{NewTask, Retention, State};
@@ -68,17 +66,19 @@ pub(crate) type Seq = u64;
 
 use crate::cancel::CancelToken;
 use crate::clock::{Clock, Wake};
+use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, WaitError};
-use crate::pool::CancelOutcome;
+use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals};
-use crate::store::{Claim, RunOutcome, Store};
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
-use crate::task::{CancelReason, TaskId, TaskState};
+use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak,
+};
+use crate::task::{CancelOutcome, CancelReason, TaskId, TaskState};
 
-/// What the pool, its workers and its handles share.
-pub(crate) struct Shared {
+/// The embedded store: what the pool, its workers and its handles share in one process.
+pub(crate) struct MemoryStore {
     state: Mutex<State>,
     /// Idle workers wait here (untimed).
     work_cv: Condvar,
@@ -97,24 +97,39 @@ pub(crate) struct Shared {
     max_searchers: usize,
     registry: Registry,
     clock: Clock,
-    seed: Option<u64>,
     latest_run_at: Instant,
     pool_id: u64,
 }
 
-impl Shared {
-    pub(crate) fn new(
+impl MemoryStore {
+    /// A store for `workers` workers, registered with its clock (a manual clock's advance wakes
+    /// it, rule 5).
+    pub(crate) fn start(
         registry: Registry,
         clock: Clock,
         retention: Retention,
         workers: usize,
-        seed: Option<u64>,
+        pool_id: u64,
+    ) -> Arc<Self> {
+        let shared = Arc::new(MemoryStore::new(
+            registry, clock, retention, workers, pool_id,
+        ));
+        let sleeper: Weak<MemoryStore> = Arc::downgrade(&shared);
+        shared.clock.register(sleeper);
+        shared
+    }
+
+    pub(super) fn new(
+        registry: Registry,
+        clock: Clock,
+        retention: Retention,
+        workers: usize,
         pool_id: u64,
     ) -> Self {
         let epoch = clock.now();
         // An Instant that far out always exists (Instants are at least 64-bit seconds).
         let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
-        Shared {
+        MemoryStore {
             latest_run_at,
             state: Mutex::new(State::new(retention, workers, epoch, pool_id)),
             pool_id,
@@ -127,7 +142,6 @@ impl Shared {
             max_searchers: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
             registry,
             clock,
-            seed,
         }
     }
 
@@ -136,29 +150,12 @@ impl Shared {
         self.latest_run_at
     }
 
-    /// This pool's id, the first half of its task ids.
-    pub(crate) fn pool_id(&self) -> u64 {
-        self.pool_id
-    }
-
     pub(crate) fn clock(&self) -> &Clock {
         &self.clock
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// The random source of worker `index`: seeded for deterministic tests, else from the OS.
-    pub(crate) fn worker_rng(&self, index: usize) -> SmallRng {
-        match self.seed {
-            Some(seed) => SmallRng::seed_from_u64(seed ^ (index as u64).wrapping_mul(0x9E37_79B9)),
-            None => SmallRng::from_os_rng(),
-        }
     }
 
     // ===== wake-ups =====
@@ -250,56 +247,6 @@ impl Shared {
         result
     }
 
-    // ===== operations =====
-
-    pub(crate) fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
-        self.transition(|state, now, effects| {
-            state.cancel(id, CancelReason::Requested, now, effects)
-        })
-    }
-
-    pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
-        self.state.lock().status(id)
-    }
-
-    pub(crate) fn info(&self, id: TaskId) -> Option<TaskInfo> {
-        self.state.lock().info(id, &self.registry)
-    }
-
-    pub(crate) fn stats(&self) -> Stats {
-        let now = self.clock.now();
-        self.state.lock().stats(now)
-    }
-
-    pub(crate) fn dead_letters(
-        &self,
-        after: Option<TaskId>,
-        type_index: Option<u32>,
-        limit: usize,
-    ) -> Vec<DeadLetter> {
-        self.state
-            .lock()
-            .dead_letters(&self.registry, after, type_index, limit)
-    }
-
-    pub(crate) fn purge_dead_letter(&self, id: TaskId) -> bool {
-        self.transition(|state, _, effects| state.purge_dead_letter(id, effects))
-    }
-
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        self.state.lock().check_invariants()
-    }
-
-    /// A worker's loop panicked while it held `held` (see `worker::supervise`).
-    pub(crate) fn worker_panicked(&self, held: Option<TaskId>, message: String) {
-        self.transition(|state, now, effects| {
-            state.count_worker_panic();
-            if let Some(id) = held {
-                state.abandon(id, message, now, effects);
-            }
-        });
-    }
-
     /// Closes the pool to new tasks (idempotent). Returns the lock.
     fn close(&self) -> MutexGuard<'_, State> {
         let mut state = self.state.lock();
@@ -310,6 +257,131 @@ impl Shared {
         state
     }
 
+    /// Stops the pool (`State::stop`), wakes everyone, and drops what it cancelled once the lock
+    /// is released. Returns the tasks still running, with their type indexes.
+    fn stop(&self, mut state: MutexGuard<'_, State>) -> Vec<(TaskId, u32)> {
+        let mut effects = Effects::default();
+        let running = state.stop(self.clock.now(), &mut effects);
+        self.wake_all();
+        drop(state);
+        effects.apply();
+        running
+    }
+
+    /// Blocks until `done(state, now)` holds or `deadline` (on the pool's clock) passes.
+    fn wait_until_done(
+        &self,
+        deadline: Option<Instant>,
+        done: impl Fn(&mut State, Instant) -> bool,
+    ) -> Result<(), WaitError> {
+        let mut state = self.state.lock();
+        loop {
+            let now = self.clock.now();
+            if done(&mut state, now) {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(WaitError::TimedOut);
+            }
+            self.clock.wait_until(&self.done_cv, &mut state, deadline);
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn pool_id(&self) -> u64 {
+        self.pool_id
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
+        self.submit_task(task)
+    }
+
+    fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
+        self.transition(|state, now, effects| {
+            state.cancel(id, CancelReason::Requested, now, effects)
+        })
+    }
+
+    fn status(&self, id: TaskId) -> Option<TaskState> {
+        self.state.lock().status(id)
+    }
+
+    fn info(&self, id: TaskId) -> Option<TaskInfo> {
+        self.state.lock().info(id, &self.registry)
+    }
+
+    fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
+        self.state.lock().completion_of(id)
+    }
+
+    fn stats(&self) -> Stats {
+        let now = self.clock.now();
+        self.state.lock().stats(now)
+    }
+
+    fn dead_letters(
+        &self,
+        after: Option<TaskId>,
+        type_index: Option<u32>,
+        limit: usize,
+    ) -> Vec<DeadLetter> {
+        self.state
+            .lock()
+            .dead_letters(&self.registry, after, type_index, limit)
+    }
+
+    fn purge_dead_letter(&self, id: TaskId) -> bool {
+        self.transition(|state, _, effects| state.purge_dead_letter(id, effects))
+    }
+
+    fn resubmit(
+        &self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Result<(TaskId, Arc<Completion>), ResubmitError> {
+        self.transition(|state, now, effects| state.resubmit(id, type_index, now, effects))
+    }
+
+    fn resubmit_with_dependents(
+        &self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Result<Revived, ResubmitError> {
+        let (id, completion, dependents) = self.transition(|state, now, effects| {
+            state.resubmit_with_dependents(id, type_index, now, effects)
+        })?;
+        Ok(Revived {
+            id,
+            completion,
+            dependents,
+        })
+    }
+
+    fn take_dead_letter(&self, id: TaskId, type_index: u32) -> Option<Box<dyn Any + Send>> {
+        self.transition(|state, _, effects| state.take_dead_letter(id, type_index, effects))
+    }
+
+    fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
+        self.wait_until_done(deadline, |state, now| state.is_idle(now))
+    }
+
+    fn wait_empty(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
+        self.wait_until_done(deadline, |state, _| state.outstanding() == 0)
+    }
+
+    fn deadline_after(&self, timeout: Duration) -> Option<Instant> {
+        self.clock.now().checked_add(timeout)
+    }
+
     /// Closes the pool, lets the workers drain it until nothing can make progress any more (see
     /// [`State::drained`]) or `deadline` passes (on the pool's clock; `None` waits for the drain
     /// however long it takes), then stops it: whatever is left is cancelled and running handlers
@@ -317,7 +389,7 @@ impl Shared {
     ///
     /// `from_handler`: the caller is one of the pool's handlers, whose own task cannot finish
     /// while it waits here.
-    pub(crate) fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained {
+    fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained {
         let mut state = self.close();
         let before = state.totals();
         if from_handler {
@@ -344,25 +416,14 @@ impl Shared {
 
     /// Stops the pool at once (used when it is dropped): cancels every task that has not started
     /// and fires the tokens of running ones; does not wait.
-    pub(crate) fn stop_now(&self) {
+    fn stop_now(&self) {
         self.stop(self.close());
-    }
-
-    /// Stops the pool (`State::stop`), wakes everyone, and drops what it cancelled once the lock
-    /// is released. Returns the tasks still running, with their type indexes.
-    fn stop(&self, mut state: MutexGuard<'_, State>) -> Vec<(TaskId, u32)> {
-        let mut effects = Effects::default();
-        let running = state.stop(self.clock.now(), &mut effects);
-        self.wake_all();
-        drop(state);
-        effects.apply();
-        running
     }
 
     /// Waits until every worker has left its loop, except those whose handlers are themselves
     /// in `shutdown` (with `from_handler`, the caller's own is one of them and leaves the count
     /// on return).
-    pub(crate) fn wait_for_workers(&self, from_handler: bool) -> Totals {
+    fn wait_for_workers(&self, from_handler: bool) -> Totals {
         let mut state = self.state.lock();
         while state.live_workers > state.handlers_in_shutdown {
             self.done_cv.wait(&mut state);
@@ -374,40 +435,8 @@ impl Shared {
         state.totals()
     }
 
-    /// Blocks until `done(state, now)` holds or `deadline` (on the pool's clock) passes. Refused
-    /// from the pool's own handlers: their tasks are running, so the pool is never done for them.
-    pub(crate) fn wait_until_done(
-        &self,
-        deadline: Option<Instant>,
-        done: impl Fn(&mut State, Instant) -> bool,
-    ) -> Result<(), WaitError> {
-        if crate::worker::current_task().is_some_and(|id| id.pool() == self.pool_id) {
-            return Err(WaitError::FromHandler);
-        }
-        let mut state = self.state.lock();
-        loop {
-            let now = self.clock.now();
-            if done(&mut state, now) {
-                return Ok(());
-            }
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(WaitError::TimedOut);
-            }
-            self.clock.wait_until(&self.done_cv, &mut state, deadline);
-        }
-    }
-
-    /// A worker's loop ended.
-    pub(crate) fn worker_exited(&self) {
-        let mut state = self.state.lock();
-        state.live_workers -= 1;
-        self.done_cv.notify_all();
-    }
-}
-
-impl Store for Shared {
-    fn registry(&self) -> &Registry {
-        &self.registry
+    fn check_invariants(&self) -> Result<(), String> {
+        self.state.lock().check_invariants()
     }
 
     fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
@@ -450,6 +479,22 @@ impl Store for Shared {
         }
     }
 
+    fn worker_panicked(&self, held: Option<TaskId>, message: String) {
+        self.transition(|state, now, effects| {
+            state.count_worker_panic();
+            if let Some(id) = held {
+                state.abandon(id, message, now, effects);
+            }
+        });
+    }
+
+    /// A worker's loop ended.
+    fn worker_exited(&self) {
+        let mut state = self.state.lock();
+        state.live_workers -= 1;
+        self.done_cv.notify_all();
+    }
+
     fn complete_and_claim(
         &self,
         claim: Claim,
@@ -488,7 +533,7 @@ const MAX_SPINNERS: usize = 1;
 /// Rounds of 1, 2, 4, … spin-loop hints: 127 in all.
 const SPIN_ROUNDS: u32 = 7;
 
-impl Shared {
+impl MemoryStore {
     /// Spins for a microsecond or two, or until `ready_epoch` moves past `epoch`. At most one
     /// worker spins at a time: more would only take the CPU from the producers. It never yields:
     /// a spinner counts as a searcher, and a yield can cost a whole scheduler slice on a busy
@@ -529,7 +574,7 @@ impl Shared {
     }
 }
 
-impl Wake for Shared {
+impl Wake for MemoryStore {
     /// Rule 5.
     fn wake(&self) {
         let mut state = self.state.lock();
@@ -541,7 +586,7 @@ impl Wake for Shared {
     }
 }
 
-impl Drop for Shared {
+impl Drop for MemoryStore {
     /// The last reference to the pool's state may go on any thread (the pool's owner, a worker
     /// that exits last, a handle's upgrade): the user values it still holds (dead letters'
     /// payloads, remembered outputs) are dropped one by one inside `catch_unwind`, never into
@@ -555,26 +600,11 @@ impl Drop for Shared {
     }
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("MemoryStore")
             .field("registry", &self.registry)
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
-}
-
-/// What a shutdown's drain did.
-pub(crate) struct Drained {
-    pub(crate) deadline_reached: bool,
-    /// The totals when the pool closed.
-    pub(crate) before: Totals,
-    /// The tasks still running when the drain ended, with their types' names.
-    pub(crate) interrupted: Vec<(TaskId, &'static str)>,
-}
-
-/// Converts a timeout into a deadline on `clock`; `None` if it cannot be represented (wait
-/// without one).
-pub(crate) fn deadline_after(clock: &Clock, timeout: Duration) -> Option<Instant> {
-    clock.now().checked_add(timeout)
 }

@@ -5,7 +5,7 @@ use std::any::Any;
 
 use super::Seq;
 use super::queue::Stamp;
-use crate::handle::Completion;
+use crate::completion::Completion;
 use crate::sync::Arc;
 use crate::task::{CancelReason, Failure, TaskState};
 use crate::unwind;
@@ -26,7 +26,7 @@ pub(crate) struct Record {
     pub(crate) since: Stamp,
     /// `None` only while running (the worker holds it) or once dropped after the end.
     pub(crate) payload: Option<Box<dyn Any + Send>>,
-    /// Shared with every handle to the task.
+    /// MemoryStore with every handle to the task.
     pub(crate) completion: Arc<Completion>,
     pub(crate) extra: Option<Box<Extra>>,
 }

@@ -41,15 +41,16 @@ use super::queue::{DelayedQueue, Epoch, ReadyQueue};
 use super::record::{Effects, Record};
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
+use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError};
-use crate::handle::{Completion, Finished};
-use crate::pool::CancelOutcome;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals};
 use crate::store::{Claim, RunOutcome};
 use crate::sync::Arc;
-use crate::task::{CancelReason, Dependency, Failure, FailureReason, TaskId, TaskState};
+use crate::task::{
+    CancelOutcome, CancelReason, Dependency, Failure, FailureReason, TaskId, TaskState,
+};
 
 /// How long terminal records are remembered (for handles' status, keys and dead letters).
 #[derive(Clone, Copy, Debug)]
@@ -138,7 +139,7 @@ pub(crate) struct NewTask {
     pub(crate) run_at: Instant,
     /// The pool's own dependencies, checked by [`State::resolve_dependencies`].
     pub(crate) dependencies: Vec<Seq>,
-    pub(crate) key: Option<String>,
+    pub(crate) key: Option<Arc<str>>,
 }
 
 /// Everything the pool's lock guards.
@@ -353,7 +354,6 @@ impl State {
             extra: None,
         };
         if let Some(key) = task.key {
-            let key: Arc<str> = key.into();
             self.keys.insert(Arc::clone(&key), id);
             record.extra().key = Some(key);
         }
@@ -793,7 +793,7 @@ impl State {
             priority: record.priority,
             run_at: now,
             dependencies: Vec::new(),
-            key: key.map(|k| k.to_string()),
+            key,
         };
         self.dead.remove(&seq);
         if expired {
@@ -859,7 +859,7 @@ impl State {
             let key = record
                 .key()
                 .filter(|k| !self.keys.contains_key(&***k))
-                .map(|k| k.to_string());
+                .cloned();
             let (type_index, priority) = (record.type_index, record.priority);
             let record = self.records.get_mut(&old).expect("looked up above");
             let payload = record.payload.take().expect("checked above");
@@ -1069,7 +1069,7 @@ impl State {
         }
     }
 
-    /// Takes every record out, for [`Shared`](super::Shared)'s `Drop` to drop quietly.
+    /// Takes every record out, for [`MemoryStore`](super::MemoryStore)'s `Drop` to drop quietly.
     pub(crate) fn take_records(&mut self) -> Vec<Record> {
         self.tokens.clear();
         self.records.drain().map(|(_, record)| record).collect()
@@ -1231,9 +1231,10 @@ impl State {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::super::Shared;
+    use super::super::MemoryStore;
     use super::*;
     use crate::clock::Clock;
+    use crate::store::Store;
 
     fn retention() -> Retention {
         Retention {
@@ -1250,7 +1251,7 @@ mod tests {
             priority: 0,
             run_at: Instant::now(),
             dependencies,
-            key: Some("k".to_owned()),
+            key: Some("k".into()),
         }
     }
 
@@ -1281,7 +1282,7 @@ mod tests {
     /// can fail).
     #[test]
     fn check_invariants_names_what_is_broken() {
-        let shared = Shared::new(Registry::default(), Clock::System, retention(), 1, None, 7);
+        let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7);
         let now = Instant::now();
         let mut effects = Effects::default();
         let (first, _) =
@@ -1298,7 +1299,7 @@ mod tests {
         assert_eq!(shared.check_invariants(), Ok(()));
 
         let broken = |f: fn(&mut State, Seq, Seq), invariant: &str| {
-            let shared = Shared::new(Registry::default(), Clock::System, retention(), 1, None, 7);
+            let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7);
             let mut effects = Effects::default();
             let mut state = shared.lock();
             let (a, _) = state.insert(task(Vec::new()), Completion::new(), now, &mut effects);

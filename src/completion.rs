@@ -1,0 +1,104 @@
+//! Where a task's outcome is published, once, for every handle to read: the one piece of a
+//! task that both the stores (which publish) and the handles (which wait) hold.
+
+use std::any::Any;
+use std::time::Instant;
+
+use crate::sync::{Arc, Condvar, Mutex};
+use crate::task::{CancelReason, Failure, TaskState};
+
+/// A task's outcome as a store publishes it: the output is type-erased until a handle reads it.
+pub(crate) enum Finished {
+    /// `None` once [`TaskHandle::join`](crate::TaskHandle::join) took the output.
+    Succeeded(Option<Box<dyn Any + Send + Sync>>),
+    // Boxed: failures are rare, and every task's completion is as large as this enum.
+    Failed(Box<Failure>),
+    Cancelled(CancelReason),
+}
+
+impl Finished {
+    pub(crate) fn state(&self) -> TaskState {
+        match self {
+            Finished::Succeeded(_) => TaskState::Succeeded,
+            Finished::Failed(_) => TaskState::Failed,
+            Finished::Cancelled(_) => TaskState::Cancelled,
+        }
+    }
+}
+
+/// Where a task's outcome is published, once, for every handle to read.
+///
+/// It has its own lock, so waiters never touch a store's lock while they wait or clone an
+/// output, and a slow waiter never holds up a worker (it holds this lock only to read the
+/// outcome). It outlives the task's record (retention may drop the record while handles
+/// remain).
+pub(crate) struct Completion {
+    outcome: Mutex<Option<Finished>>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Completion {
+            outcome: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Publishes the outcome and wakes every waiter. Called once per task, in the step that
+    /// makes the task terminal: it runs no user code (the output is moved in), and waiters wake
+    /// on this completion's own lock.
+    pub(crate) fn publish(&self, finished: Finished) {
+        let mut outcome = self.outcome.lock();
+        debug_assert!(outcome.is_none(), "a task reached two terminal states");
+        *outcome = Some(finished);
+        self.cv.notify_all();
+    }
+
+    /// Blocks until the outcome is published, then returns what `read` makes of it (run under
+    /// this completion's lock only).
+    pub(crate) fn wait_with<R>(&self, read: impl FnOnce(&mut Finished) -> R) -> R {
+        let mut outcome = self.outcome.lock();
+        loop {
+            if let Some(finished) = outcome.as_mut() {
+                return read(finished);
+            }
+            self.cv.wait(&mut outcome);
+        }
+    }
+
+    /// Like [`wait_with`](Completion::wait_with), giving up at `deadline`.
+    pub(crate) fn wait_until_with<R>(
+        &self,
+        deadline: Instant,
+        read: impl FnOnce(&mut Finished) -> R,
+    ) -> Option<R> {
+        let mut outcome = self.outcome.lock();
+        loop {
+            if let Some(finished) = outcome.as_mut() {
+                return Some(read(finished));
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            self.cv.wait_until(&mut outcome, deadline);
+        }
+    }
+
+    /// What `read` makes of the outcome, if it is published.
+    pub(crate) fn try_with<R>(&self, read: impl FnOnce(&mut Finished) -> R) -> Option<R> {
+        self.outcome.lock().as_mut().map(read)
+    }
+
+    pub(crate) fn state(&self) -> Option<TaskState> {
+        self.try_with(|finished| finished.state())
+    }
+
+    pub(crate) fn is_published(&self) -> bool {
+        self.outcome.lock().is_some()
+    }
+
+    pub(crate) fn wait_state(&self) -> TaskState {
+        self.wait_with(|finished| finished.state())
+    }
+}
