@@ -1,6 +1,5 @@
 //! `Builder`: workers, handlers, retry policy, retention, clock; `build()` starts the pool.
 
-use std::any::TypeId;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -107,7 +106,7 @@ struct Pending {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct Builder {
+pub struct Builder<S = Embedded> {
     workers: Option<usize>,
     max_attempts: u32,
     retry: RetryPolicy,
@@ -119,9 +118,23 @@ pub struct Builder {
     thread_name: String,
     stack_size: Option<usize>,
     quiet_panics: bool,
+    /// Which store the pool keeps its tasks in, and that store's own settings.
+    store: S,
 }
 
-impl Builder {
+/// The store of a [`Builder`] that keeps its tasks in memory, in this process: the default.
+/// Its task types take any `Send` payload and output.
+///
+/// # Examples
+///
+/// ```
+/// let builder: tasq::Builder<tasq::Embedded> = tasq::Pool::builder();
+/// # let _ = builder;
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Embedded;
+
+impl Builder<Embedded> {
     /// A builder with the defaults below.
     ///
     /// # Examples
@@ -147,56 +160,8 @@ impl Builder {
             thread_name: "tasq-worker".to_owned(),
             stack_size: None,
             quiet_panics: false,
+            store: Embedded,
         }
-    }
-
-    /// Sets the number of worker threads. Defaults to the number of CPUs
-    /// (`std::thread::available_parallelism`). Zero makes [`build`](Builder::build) fail with
-    /// [`BuildError::ZeroWorkers`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let pool = tasq::Pool::builder().workers(3).build()?;
-    /// assert_eq!(pool.stats().workers, 3);
-    /// # Ok::<(), tasq::BuildError>(())
-    /// ```
-    pub fn workers(mut self, workers: usize) -> Self {
-        self.workers = Some(workers);
-        self
-    }
-
-    /// Sets how many times a task may run (the first run included) for types that do not set
-    /// their own. Defaults to 3. Zero makes [`build`](Builder::build) fail with
-    /// [`BuildError::ZeroMaxAttempts`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let builder = tasq::Pool::builder().max_attempts(10);
-    /// # let _ = builder;
-    /// ```
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
-        self
-    }
-
-    /// Sets the backoff for types that do not set their own. Defaults to
-    /// [`RetryPolicy::default`]: base 100 ms, cap 10 s. A cap so long that it overflows when added
-    /// to the current time makes [`build`](Builder::build) fail with
-    /// [`BuildError::DurationOverflow`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let builder = tasq::Pool::builder()
-    ///     .retry_policy(tasq::RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(5)));
-    /// # let _ = builder;
-    /// ```
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
-        self
     }
 
     /// Registers the handler of task type `ty`, with the pool's default options.
@@ -259,25 +224,322 @@ impl Builder {
         O: Send + Sync + 'static,
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
-        let name = ty.name();
-        if self.duplicate.is_none() && self.pending.iter().any(|p| p.entry.name == name) {
-            self.duplicate = Some(name);
+        self.push(Entry::new(ty, handler), options);
+        self
+    }
+
+    /// Checks the configuration and starts the workers.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::ZeroWorkers`], [`BuildError::DuplicateType`],
+    /// [`BuildError::ZeroMaxAttempts`], [`BuildError::DurationOverflow`] (a retry cap),
+    /// [`BuildError::InvalidThreadName`] (a NUL byte in the name), or
+    /// [`BuildError::Spawn`] if a thread could not be started (the threads already started are
+    /// stopped first).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{BuildError, HandlerError, Pool, TaskType};
+    ///
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let twice = Pool::builder()
+    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .build();
+    /// assert!(matches!(twice, Err(BuildError::DuplicateType("job"))));
+    /// ```
+    pub fn build(self) -> Result<Pool, BuildError> {
+        let (registry, threads, rest) = self.check()?;
+        let store = MemoryStore::start(
+            registry,
+            rest.clock,
+            rest.retention,
+            threads.count,
+            next_pool_id(),
+        );
+        let handles = worker::spawn(&store, &threads).map_err(BuildError::Spawn)?;
+        Ok(Pool::new(store, handles))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Builder<Embedded> {
+    /// Keeps the pool's tasks in PostgreSQL instead of memory (feature `postgres`): a durable
+    /// pool, whose tasks survive the process and are shared by every pool built on the same
+    /// database, in any number of processes. `url` is a connection string (`host=... user=...
+    /// dbname=...` or `postgresql://...`). Call it before registering task types: a durable
+    /// type's payload and output must be serde values (they are stored as JSONB).
+    ///
+    /// Run [`postgres::migrate`](crate::postgres::migrate) once first.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const EMAIL: TaskType<String, ()> = TaskType::new("email");
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// tasq::postgres::migrate(url)?;
+    /// let pool = Pool::builder()
+    ///     .postgres(url)
+    ///     .workers(4)
+    ///     .register(EMAIL, |_, to: &String| Ok::<_, HandlerError>(println!("mail {to}")))
+    ///     .build()?;
+    /// pool.submit(EMAIL.task("ann@example.com".into()))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn postgres(self, url: impl Into<String>) -> Builder<crate::postgres::Postgres> {
+        Builder {
+            workers: self.workers,
+            max_attempts: self.max_attempts,
+            retry: self.retry,
+            pending: self.pending,
+            duplicate: self.duplicate,
+            retention: self.retention,
+            clock: self.clock,
+            seed: self.seed,
+            thread_name: self.thread_name,
+            stack_size: self.stack_size,
+            quiet_panics: self.quiet_panics,
+            store: crate::postgres::Postgres::new(url.into()),
         }
-        let entry = Entry {
-            name,
-            payload: TypeId::of::<P>(),
-            output: TypeId::of::<O>(),
-            handler: Box::new(move |ctx, payload| {
-                let payload = payload
-                    .downcast_ref::<P>()
-                    .expect("payload type checked at submit");
-                handler(ctx, payload).map(|output| Box::new(output) as _)
-            }),
-            // Filled in by build() from the options or the pool's defaults.
-            max_attempts: 0,
-            retry: RetryPolicy::default(),
-        };
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Builder<crate::postgres::Postgres> {
+    /// Registers the handler of durable task type `ty`, with the pool's default options. As
+    /// [`Builder::register`], with serde payloads and outputs.
+    ///
+    /// # Examples
+    ///
+    /// See [`Builder::postgres`].
+    pub fn register<P, O, F>(self, ty: TaskType<P, O>, handler: F) -> Self
+    where
+        P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        self.register_with(ty, TypeOptions::default(), handler)
+    }
+
+    /// Registers the handler of durable task type `ty` with its own options. As
+    /// [`Builder::register_with`], with serde payloads and outputs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType, TypeOptions};
+    /// const RESIZE: TaskType<(u32, u32), u64> = TaskType::new("resize");
+    /// let pool = Pool::builder()
+    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+    ///     .register_with(RESIZE, TypeOptions::new().max_attempts(5), |_, &(w, h): &(u32, u32)| {
+    ///         Ok::<_, HandlerError>(u64::from(w) * u64::from(h))
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_with<P, O, F>(
+        mut self,
+        ty: TaskType<P, O>,
+        options: TypeOptions,
+        handler: F,
+    ) -> Self
+    where
+        P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        let mut entry = Entry::new(ty, handler);
+        entry.codec = Some(crate::codec::Codec::of::<P, O>());
+        self.push(entry, options);
+        self
+    }
+
+    /// How long a claim's lease lasts before the reaper may give the task to another worker,
+    /// if the worker running it stops extending it (its process died or stalled). A running
+    /// task's lease is extended every third of this. Defaults to 30 seconds.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let builder = tasq::Pool::builder()
+    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+    ///     .lease(std::time::Duration::from_secs(10));
+    /// # let _ = builder;
+    /// ```
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.store.lease = lease;
+        self
+    }
+
+    /// How often the pool looks for work, cancels and outcomes without being notified: the
+    /// fallback for a lost notification or a dropped connection. Defaults to 500 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let builder = tasq::Pool::builder()
+    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+    ///     .poll_interval(std::time::Duration::from_millis(200));
+    /// # let _ = builder;
+    /// ```
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.store.poll_interval = interval;
+        self
+    }
+
+    /// The most database connections the pool opens (besides the one that listens for
+    /// notifications). Defaults to the number of workers plus four.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let builder = tasq::Pool::builder()
+    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+    ///     .connections(8);
+    /// # let _ = builder;
+    /// ```
+    pub fn connections(mut self, connections: u32) -> Self {
+        self.store.connections = Some(connections);
+        self
+    }
+
+    /// Checks the configuration, connects, checks the schema and starts the workers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Builder::build`], and [`BuildError::Store`] if the database cannot be reached or
+    /// its schema is not this crate's (run [`postgres::migrate`](crate::postgres::migrate)), or
+    /// [`BuildError::NotDurable`] for a type registered before [`Builder::postgres`].
+    ///
+    /// # Examples
+    ///
+    /// See [`Builder::postgres`].
+    pub fn build(self) -> Result<Pool, BuildError> {
+        let (registry, threads, rest) = self.check()?;
+        let store = crate::store::postgres::PgStore::start(
+            registry,
+            rest.store,
+            threads.count,
+            rest.clock,
+            rest.retention,
+        )?;
+        let handles = worker::spawn(&store, &threads).map_err(BuildError::Spawn)?;
+        Ok(Pool::new(store, handles))
+    }
+}
+
+/// What [`Builder::check`] leaves for the store.
+pub(crate) struct Checked<S> {
+    pub(crate) clock: Clock,
+    pub(crate) retention: Retention,
+    pub(crate) store: S,
+}
+
+impl<S> Builder<S> {
+    /// Adds a registration; a name registered twice fails the build.
+    fn push(&mut self, entry: Entry, options: TypeOptions) {
+        if self.duplicate.is_none() && self.pending.iter().any(|p| p.entry.name == entry.name) {
+            self.duplicate = Some(entry.name);
+        }
         self.pending.push(Pending { entry, options });
+    }
+
+    /// Checks the settings shared by every store: the registry, the worker threads, and the
+    /// rest for the store to start with.
+    pub(crate) fn check(self) -> Result<(Registry, worker::Threads, Checked<S>), BuildError> {
+        let workers = match self.workers {
+            Some(0) => return Err(BuildError::ZeroWorkers),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        if let Some(name) = self.duplicate {
+            return Err(BuildError::DuplicateType(name));
+        }
+        if self.max_attempts == 0 {
+            return Err(BuildError::ZeroMaxAttempts(None));
+        }
+        check_cap(&self.retry)?;
+        if self.thread_name.contains('\0') {
+            return Err(BuildError::InvalidThreadName(self.thread_name));
+        }
+        let mut registry = Registry::default();
+        for Pending { mut entry, options } in self.pending {
+            entry.max_attempts = options.max_attempts.unwrap_or(self.max_attempts);
+            if entry.max_attempts == 0 {
+                return Err(BuildError::ZeroMaxAttempts(Some(entry.name)));
+            }
+            entry.retry = options.retry.unwrap_or(self.retry);
+            check_cap(&entry.retry)?;
+            registry
+                .insert(entry)
+                .expect("duplicates were refused above");
+        }
+
+        let threads = worker::Threads {
+            count: workers,
+            name: self.thread_name,
+            stack_size: self.stack_size,
+            quiet_panics: self.quiet_panics,
+            seed: self.seed,
+        };
+        let rest = Checked {
+            clock: self.clock,
+            retention: self.retention,
+            store: self.store,
+        };
+        Ok((registry, threads, rest))
+    }
+
+    /// Sets the number of worker threads. Defaults to the number of CPUs
+    /// (`std::thread::available_parallelism`). Zero makes [`build`](Builder::build) fail with
+    /// [`BuildError::ZeroWorkers`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = tasq::Pool::builder().workers(3).build()?;
+    /// assert_eq!(pool.stats().workers, 3);
+    /// # Ok::<(), tasq::BuildError>(())
+    /// ```
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Sets how many times a task may run (the first run included) for types that do not set
+    /// their own. Defaults to 3. Zero makes [`build`](Builder::build) fail with
+    /// [`BuildError::ZeroMaxAttempts`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = tasq::Pool::builder().max_attempts(10);
+    /// # let _ = builder;
+    /// ```
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Sets the backoff for types that do not set their own. Defaults to
+    /// [`RetryPolicy::default`]: base 100 ms, cap 10 s. A cap so long that it overflows when added
+    /// to the current time makes [`build`](Builder::build) fail with
+    /// [`BuildError::DurationOverflow`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let builder = tasq::Pool::builder()
+    ///     .retry_policy(tasq::RetryPolicy::exponential(Duration::from_millis(50), Duration::from_secs(5)));
+    /// # let _ = builder;
+    /// ```
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
     }
 
@@ -431,75 +693,6 @@ impl Builder {
         self.stack_size = Some(bytes);
         self
     }
-
-    /// Checks the configuration and starts the workers.
-    ///
-    /// # Errors
-    ///
-    /// [`BuildError::ZeroWorkers`], [`BuildError::DuplicateType`],
-    /// [`BuildError::ZeroMaxAttempts`], [`BuildError::DurationOverflow`] (a retry cap),
-    /// [`BuildError::InvalidThreadName`] (a NUL byte in the name), or
-    /// [`BuildError::Spawn`] if a thread could not be started (the threads already started are
-    /// stopped first).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use tasq::{BuildError, HandlerError, Pool, TaskType};
-    ///
-    /// const JOB: TaskType<(), ()> = TaskType::new("job");
-    /// let twice = Pool::builder()
-    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
-    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
-    ///     .build();
-    /// assert!(matches!(twice, Err(BuildError::DuplicateType("job"))));
-    /// ```
-    pub fn build(self) -> Result<Pool, BuildError> {
-        let workers = match self.workers {
-            Some(0) => return Err(BuildError::ZeroWorkers),
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        };
-        if let Some(name) = self.duplicate {
-            return Err(BuildError::DuplicateType(name));
-        }
-        if self.max_attempts == 0 {
-            return Err(BuildError::ZeroMaxAttempts(None));
-        }
-        check_cap(&self.retry)?;
-        if self.thread_name.contains('\0') {
-            return Err(BuildError::InvalidThreadName(self.thread_name));
-        }
-        let mut registry = Registry::default();
-        for Pending { mut entry, options } in self.pending {
-            entry.max_attempts = options.max_attempts.unwrap_or(self.max_attempts);
-            if entry.max_attempts == 0 {
-                return Err(BuildError::ZeroMaxAttempts(Some(entry.name)));
-            }
-            entry.retry = options.retry.unwrap_or(self.retry);
-            check_cap(&entry.retry)?;
-            registry
-                .insert(entry)
-                .expect("duplicates were refused above");
-        }
-
-        let store = MemoryStore::start(
-            registry,
-            self.clock,
-            self.retention,
-            workers,
-            next_pool_id(),
-        );
-        let threads = worker::Threads {
-            count: workers,
-            name: self.thread_name,
-            stack_size: self.stack_size,
-            quiet_panics: self.quiet_panics,
-            seed: self.seed,
-        };
-        let handles = worker::spawn(&store, &threads).map_err(BuildError::Spawn)?;
-        Ok(Pool::new(store, handles))
-    }
 }
 
 /// The retry cap is added to the current time for every retry: it must not overflow.
@@ -516,13 +709,13 @@ fn check_cap(policy: &RetryPolicy) -> Result<(), BuildError> {
     }
 }
 
-impl Default for Builder {
+impl Default for Builder<Embedded> {
     fn default() -> Self {
         Builder::new()
     }
 }
 
-impl fmt::Debug for Builder {
+impl<S: fmt::Debug> fmt::Debug for Builder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("workers", &self.workers)
@@ -541,6 +734,7 @@ impl fmt::Debug for Builder {
             .field("seed", &self.seed)
             .field("thread_name", &self.thread_name)
             .field("quiet_panics", &self.quiet_panics)
+            .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }

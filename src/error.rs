@@ -33,6 +33,16 @@ pub enum BuildError {
     /// The thread name prefix contains a NUL byte, which thread names cannot hold.
     #[error("the thread name {0:?} contains a NUL byte")]
     InvalidThreadName(String),
+    /// A durable pool's task type was registered before [`Builder::postgres`](crate::Builder::postgres)
+    /// was called, so it has no JSON form: call `postgres` first, then register.
+    #[error(
+        "task type `{0}` was registered without serde support: call Builder::postgres before registering"
+    )]
+    NotDurable(&'static str),
+    /// The durable store could not start: the database is unreachable, the URL is malformed, or
+    /// the schema is missing or from another version (see [`crate::postgres::migrate`]).
+    #[error("the store could not start: {0}")]
+    Store(String),
 }
 
 /// Why a submit was refused. It hands the task back: [`into_task`](SubmitError::into_task).
@@ -147,6 +157,13 @@ pub enum SubmitErrorKind {
     /// is more than 584 years after the pool started (due times are kept in 64-bit nanoseconds).
     #[error("the due time is too far in the future to represent")]
     TimeOverflow,
+    /// The durable store could not turn the payload into JSON (its `Serialize` failed).
+    #[error("the payload does not serialize: {0}")]
+    Unserializable(String),
+    /// The durable store could not reach its database (retried for a minute); the task was not
+    /// added.
+    #[error("the store failed: {0}")]
+    Store(String),
 }
 
 /// Why a cancel could not be carried out.
@@ -172,6 +189,10 @@ pub enum CancelError {
     /// The pool behind this handle was dropped.
     #[error("the pool of {0} is gone")]
     PoolGone(TaskId),
+    /// The durable store could not reach its database (retried for a minute); the task's state
+    /// is unchanged.
+    #[error("cancelling {0} failed in the store: {1}")]
+    Store(TaskId, String),
 }
 
 /// Why a dead letter could not be resubmitted.
@@ -218,6 +239,9 @@ pub enum ResubmitError {
     /// Shutdown has begun.
     #[error("the pool is shut down (or shutting down)")]
     ShutDown,
+    /// The durable store could not reach its database (retried for a minute); nothing changed.
+    #[error("resubmitting {0} failed in the store: {1}")]
+    Store(TaskId, String),
 }
 
 /// Why a task has no output: it failed or was cancelled. What

@@ -200,6 +200,17 @@ impl<O> TaskHandle<O> {
         }
     }
 
+    /// Tells the store that someone waits for this task's outcome, unless it is known already:
+    /// a store whose tasks may end in another process then makes sure to hear of it.
+    fn watch(&self) {
+        if self.completion.is_published() {
+            return;
+        }
+        if let Some(store) = self.pool.upgrade() {
+            store.watch(self.id, &self.completion);
+        }
+    }
+
     /// Whether the submit that returned this handle was deduplicated: its idempotency key
     /// belonged to a task the pool already had, and this is that task's handle (its payload was
     /// dropped). Clones keep the flag.
@@ -338,6 +349,7 @@ impl<O: 'static> TaskHandle<O> {
     /// ```
     pub fn join(self) -> Outcome<O> {
         self.refuse_self_wait("join");
+        self.watch();
         let id = self.id;
         match self.completion.wait_with(|finished| take(finished, id)) {
             Outcome::Succeeded(output) => Outcome::Succeeded(
@@ -381,6 +393,7 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// ```
     pub fn wait(&self) -> Outcome<O> {
         self.refuse_self_wait("wait");
+        self.watch();
         let id = self.id;
         self.completion.wait_with(|finished| read(finished, id))
     }
@@ -405,6 +418,7 @@ impl<O: Clone + 'static> TaskHandle<O> {
             return Some(self.wait());
         };
         self.refuse_self_wait("wait_timeout");
+        self.watch();
         let id = self.id;
         self.completion
             .wait_until_with(deadline, |finished| read(finished, id))
@@ -426,6 +440,7 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// ```
     #[must_use]
     pub fn try_wait(&self) -> Option<Outcome<O>> {
+        self.watch();
         let id = self.id;
         self.completion.try_with(|finished| read(finished, id))
     }

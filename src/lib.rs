@@ -59,6 +59,8 @@
 mod builder;
 mod cancel;
 mod clock;
+#[cfg(feature = "postgres")]
+mod codec;
 mod completion;
 mod context;
 mod dead_letter;
@@ -75,7 +77,14 @@ mod task;
 mod unwind;
 mod worker;
 
-pub use builder::{Builder, TypeOptions};
+pub use builder::{Builder, Embedded, TypeOptions};
+
+/// The durable store (feature `postgres`): tasks in PostgreSQL, shared by pools in many
+/// processes. Build a pool on it with [`Builder::postgres`].
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use crate::store::postgres::{Postgres, SCHEMA_VERSION, migrate};
+}
 pub use cancel::{CancelToken, Cancelled};
 pub use clock::ManualClock;
 pub use context::Context;

@@ -24,6 +24,36 @@ pub(crate) struct Entry {
     pub(crate) handler: ErasedHandler,
     pub(crate) max_attempts: u32,
     pub(crate) retry: RetryPolicy,
+    /// How a durable store turns the payload and output into JSON and back.
+    #[cfg(feature = "postgres")]
+    pub(crate) codec: Option<crate::codec::Codec>,
+}
+
+impl Entry {
+    /// The entry of `ty`, run by `handler`; its attempts and retry policy are filled in when the
+    /// pool is built, from the type's options or the pool's defaults.
+    pub(crate) fn new<P, O, F>(ty: TaskType<P, O>, handler: F) -> Entry
+    where
+        P: Send + 'static,
+        O: Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        Entry {
+            name: ty.name(),
+            payload: TypeId::of::<P>(),
+            output: TypeId::of::<O>(),
+            handler: Box::new(move |ctx, payload| {
+                let payload = payload
+                    .downcast_ref::<P>()
+                    .expect("payload type checked at submit");
+                handler(ctx, payload).map(|output| Box::new(output) as _)
+            }),
+            max_attempts: 0,
+            retry: RetryPolicy::default(),
+            #[cfg(feature = "postgres")]
+            codec: None,
+        }
+    }
 }
 
 /// Every registered task type, indexed by the position the engine stores in each task record.
@@ -71,6 +101,12 @@ impl Registry {
             return Err(SubmitErrorKind::TypeMismatch(ty.name()));
         }
         Ok(index)
+    }
+
+    /// How many types are registered.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn len(&self) -> u32 {
+        self.entries.len() as u32
     }
 
     pub(crate) fn entry(&self, index: u32) -> &Entry {

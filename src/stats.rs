@@ -150,6 +150,26 @@ pub struct ShutdownReport {
     pub elapsed: Duration,
 }
 
+impl Stats {
+    /// No task anywhere: a store fills in what it counts.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn empty(workers: usize, totals: Totals) -> Stats {
+        Stats {
+            workers,
+            blocked: 0,
+            scheduled: 0,
+            ready: 0,
+            running: 0,
+            retained: 0,
+            dead_letters: 0,
+            ready_by_priority: Vec::new(),
+            oldest_ready: None,
+            delayed_entries: 0,
+            totals,
+        }
+    }
+}
+
 impl Totals {
     /// What happened between `earlier` and `self`, counter by counter.
     pub(crate) fn since(self, earlier: Totals) -> Totals {

@@ -497,6 +497,12 @@ pub enum FailureReason {
     Panicked,
     /// Every allowed attempt failed with a retryable error.
     Exhausted,
+    /// The durable store could not turn the stored payload back into the task type's payload
+    /// (it no longer deserializes), or the handler's output into JSON. Never retried.
+    BadPayload,
+    /// The durable store: the last attempt's lease expired before its worker finished it (the
+    /// worker's process died or stalled), so no attempt is left to run it again.
+    LeaseExpired,
 }
 
 impl fmt::Display for FailureReason {
@@ -505,6 +511,8 @@ impl fmt::Display for FailureReason {
             FailureReason::Permanent => "permanent",
             FailureReason::Panicked => "panicked",
             FailureReason::Exhausted => "exhausted",
+            FailureReason::BadPayload => "bad payload",
+            FailureReason::LeaseExpired => "lease expired",
         })
     }
 }

@@ -24,6 +24,8 @@ use crate::sync::Arc;
 use crate::task::{CancelOutcome, Dependency, Failure, Start, TaskId, TaskState};
 
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 
 /// A task on its way into a store. The store reads what it needs, and takes the payload out of
 /// `payload` only once it has accepted the task: a refused or deduplicated task keeps it, so the
@@ -43,11 +45,18 @@ pub(crate) struct Submission<'a> {
 pub(crate) trait PayloadSlot {
     /// Moves the payload out, boxed. Called at most once, by the store that accepts the task.
     fn take(&mut self) -> Box<dyn Any + Send>;
+
+    /// The payload, still in place (a durable store serializes it from here).
+    fn peek(&self) -> &(dyn Any + Send);
 }
 
 impl<P: Send + 'static> PayloadSlot for Option<P> {
     fn take(&mut self) -> Box<dyn Any + Send> {
         Box::new(Option::take(self).expect("a store takes a payload once"))
+    }
+
+    fn peek(&self) -> &(dyn Any + Send) {
+        self.as_ref().expect("the payload is in place until taken")
     }
 }
 
@@ -76,6 +85,8 @@ pub(crate) struct Claim {
     pub(crate) attempt: u32,
     pub(crate) token: CancelToken,
     pub(crate) payload: Box<dyn Any + Send>,
+    /// The fencing token of this claim's lease, on a store that leases its claims.
+    pub(crate) lease: Option<i64>,
 }
 
 /// What the runtime made of one run.
@@ -127,6 +138,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     fn status(&self, id: TaskId) -> Option<TaskState>;
 
     fn info(&self, id: TaskId) -> Option<TaskInfo>;
+
+    /// Someone waits for `id`'s outcome through `completion`, which is not published yet. A
+    /// store whose tasks may end in another process makes sure the outcome reaches it; the
+    /// embedded store publishes every outcome anyway.
+    fn watch(&self, id: TaskId, completion: &Arc<Completion>) {
+        let _ = (id, completion);
+    }
 
     /// A task's type index and completion, to make a handle for it.
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)>;

@@ -479,6 +479,7 @@ impl State {
             attempt: record.attempts,
             token,
             payload,
+            lease: None,
         })
     }
 

@@ -1,0 +1,309 @@
+//! The durable store's maintenance thread: it listens on the `tasq` channel, extends the leases
+//! of the tasks its pool runs, fires the tokens of tasks cancelled elsewhere, publishes outcomes
+//! to local handles, returns expired leases (the reaper), and deletes rows past retention.
+//!
+//! Notifications are only a shortcut: every one of these duties also runs on a timer, so a lost
+//! notification or a dropped listening connection delays things by at most a poll interval.
+
+use std::time::{Duration, Instant};
+
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{Client, NoTls};
+
+use super::dispatch::{cascade, done_payload};
+use super::{PgStore, notify, rows};
+use crate::sync::Arc;
+
+/// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
+/// (when the pool closes or stops).
+pub(super) fn spawn(
+    name: &'static str,
+    store: &Arc<PgStore>,
+    body: fn(&Arc<PgStore>),
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let store = Arc::clone(store);
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            // The store's code, not the user's: a panic here is a bug, but must not go unseen
+            // nor take the process down with it.
+            if let Err(panic) = crate::unwind::catch(|| body(&store)) {
+                eprintln!("tasq: the durable store's {name} thread panicked: {panic}");
+            }
+        })
+}
+
+/// When each duty last ran.
+struct Timers {
+    heartbeat: Instant,
+    poll: Instant,
+    reap: Instant,
+    retain: Instant,
+}
+
+/// The maintenance loop: until the pool stops.
+pub(super) fn maintain_loop(store: &Arc<PgStore>) {
+    let mut listener: Option<Client> = None;
+    let mut reconnect_at = Instant::now();
+    let start = Instant::now();
+    let mut timers = Timers {
+        heartbeat: start,
+        poll: start,
+        reap: start,
+        retain: start,
+    };
+    let heartbeat_every = (store.lease / 3).max(Duration::from_millis(50));
+    let reap_every = (store.lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let step = store.poll_interval.min(Duration::from_millis(200));
+    loop {
+        if store.local.lock().stopping {
+            return;
+        }
+        if listener.as_ref().is_none_or(Client::is_closed) && Instant::now() >= reconnect_at {
+            listener = listen(&store.url).ok();
+            // Whatever was announced while nobody listened: look for it now.
+            store.wake_fetcher();
+            timers.poll = start;
+            reconnect_at = Instant::now() + Duration::from_secs(1);
+        }
+        match listener.as_mut() {
+            Some(client) => {
+                let words = receive(client, step);
+                handle_words(store, &words);
+            }
+            None => std::thread::sleep(step),
+        }
+        let now = Instant::now();
+        if now.duration_since(timers.heartbeat) >= heartbeat_every {
+            timers.heartbeat = now;
+            let _ = heartbeat(store);
+        }
+        if now.duration_since(timers.poll) >= store.poll_interval {
+            timers.poll = now;
+            let _ = poll_waiters(store);
+        }
+        if now.duration_since(timers.reap) >= reap_every {
+            timers.reap = now;
+            let _ = reap(store);
+        }
+        if now.duration_since(timers.retain) >= Duration::from_secs(1) {
+            timers.retain = now;
+            let _ = retain(store);
+        }
+    }
+}
+
+/// A connection that listens on the queue's channel (see `notify`).
+fn listen(url: &str) -> Result<Client, postgres::Error> {
+    let mut client = Client::connect(url, NoTls)?;
+    let channel: String = client
+        .query_one("SELECT 'tasq_' || current_schema()", &[])?
+        .get(0);
+    client.batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))?;
+    Ok(client)
+}
+
+/// The words of the notifications that arrive within `wait`.
+fn receive(client: &mut Client, wait: Duration) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut notifications = client.notifications();
+    let mut iter = notifications.timeout_iter(wait);
+    while let Ok(Some(notification)) = iter.next() {
+        words.extend(notification.payload().split_whitespace().map(str::to_owned));
+        if words.len() > 10_000 {
+            break;
+        }
+    }
+    words
+}
+
+/// Acts on notification words: `ready`, `done:<id>`, `cancel:<id>`.
+fn handle_words(store: &PgStore, words: &[String]) {
+    let mut ready = false;
+    for word in words {
+        if word == "ready" {
+            ready = true;
+        } else if let Some(id) = word.strip_prefix("done:").and_then(|s| s.parse().ok()) {
+            store.publish_seq(id);
+        } else if let Some(id) = word.strip_prefix("cancel:").and_then(|s| s.parse().ok()) {
+            store.fire_local(id);
+        }
+    }
+    if ready {
+        store.wake_fetcher();
+    }
+}
+
+/// Extends the leases of the tasks running here; fires the tokens of those whose cancel was
+/// asked for, or whose lease was lost (their outcome will not be written).
+fn heartbeat(store: &PgStore) -> Result<(), String> {
+    let (ids, leases): (Vec<i64>, Vec<i64>) = {
+        let local = store.local.lock();
+        local.running.iter().map(|(id, h)| (*id, h.lease)).unzip()
+    };
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let rows = store.with_conn(|c| {
+        c.query(
+            "UPDATE tasq_tasks t SET lease_until = now() + interval '1 microsecond' * $3::BIGINT
+             FROM unnest($1::BIGINT[], $2::BIGINT[]) AS h(id, lease)
+             WHERE t.id = h.id AND t.lease_id = h.lease AND t.status = 'running'
+             RETURNING t.id, t.cancel_requested IS NOT NULL",
+            &[&ids, &leases, &rows::micros(store.lease)],
+        )
+    })?;
+    let mut kept = std::collections::HashSet::new();
+    for row in &rows {
+        let id: i64 = row.get(0);
+        kept.insert(id);
+        if row.get::<_, bool>(1) {
+            store.fire_local(id);
+        }
+    }
+    for id in ids.iter().filter(|id| !kept.contains(id)) {
+        store.fire_local(*id);
+    }
+    Ok(())
+}
+
+/// Publishes the outcomes of watched tasks that ended (the fallback for a lost notification),
+/// and forgets waiters whose handles are gone.
+fn poll_waiters(store: &PgStore) -> Result<(), String> {
+    let ids: Vec<i64> = {
+        let mut waiters = store.waiters.lock();
+        waiters.retain(|_, w| w.strong_count() > 0);
+        waiters.keys().copied().collect()
+    };
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "SELECT {} FROM tasq_tasks WHERE id = ANY($1)
+         AND status IN ('succeeded', 'failed', 'cancelled')",
+        PgStore::OUTCOME_COLUMNS
+    );
+    let rows = store.with_conn(|c| c.query(&sql, &[&ids]))?;
+    for row in &rows {
+        store.publish_row(row.get("id"), row);
+    }
+    Ok(())
+}
+
+/// The reaper: running tasks whose lease expired go back to `ready`, or end (failed with their
+/// attempts used up, cancelled if a cancel was asked for), with their dependents, in one
+/// transaction.
+pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
+    store.with_conn(|c| {
+        let mut tx = c.transaction()?;
+        let rows = tx.query(
+            "WITH expired AS (
+                 SELECT id FROM tasq_tasks
+                 WHERE status = 'running' AND lease_until < now()
+                 ORDER BY lease_until LIMIT 1000
+                 FOR UPDATE SKIP LOCKED
+             ), ended AS (
+                 SELECT t.id,
+                        CASE WHEN t.cancel_requested IS NOT NULL THEN 'cancelled'
+                             WHEN t.attempts >= t.max_attempts THEN 'failed'
+                             ELSE 'ready' END AS status
+                 FROM tasq_tasks t JOIN expired e ON e.id = t.id
+             )
+             UPDATE tasq_tasks t SET
+                 status = ended.status,
+                 dead = ended.status = 'failed',
+                 failure_reason = CASE WHEN ended.status = 'failed' THEN 'lease_expired' END,
+                 last_error = CASE WHEN ended.status = 'cancelled' THEN t.last_error
+                     ELSE 'the lease expired before its worker finished (attempt '
+                          || t.attempts || ')' END,
+                 cancel_reason = CASE WHEN ended.status = 'cancelled' THEN t.cancel_requested END,
+                 finished_at = CASE WHEN ended.status <> 'ready' THEN now() END,
+                 run_at = CASE WHEN ended.status = 'ready' THEN now() ELSE t.run_at END,
+                 lease_id = NULL, lease_until = NULL
+             FROM ended WHERE t.id = ended.id
+             RETURNING t.id, t.status, t.has_dependents, t.watched",
+            &[],
+        )?;
+        let mut ready = false;
+        let mut done = Vec::new();
+        for row in &rows {
+            let id: i64 = row.get(0);
+            let status: &str = row.get(1);
+            match status {
+                "ready" => ready = true,
+                _ => {
+                    if row.get::<_, bool>(2) {
+                        let reason = if status == "failed" {
+                            "dependency_failed"
+                        } else {
+                            "dependency_cancelled"
+                        };
+                        done.extend(cascade(&mut tx, id, reason)?);
+                    }
+                    if row.get::<_, bool>(3) {
+                        done.push(id);
+                    }
+                }
+            }
+        }
+        if ready || !done.is_empty() {
+            let mut payload = if ready {
+                "ready".to_owned()
+            } else {
+                String::new()
+            };
+            payload.push_str(&done_payload(&done));
+            notify(&mut tx, payload.trim_start())?;
+        }
+        tx.commit()?;
+        Ok(rows.len())
+    })
+}
+
+/// Deletes finished rows past retention (not dead letters), in batches, and ends the dead
+/// letters beyond the limit (their rows then age out like any finished task).
+fn retain(store: &PgStore) -> Result<(), String> {
+    let retention = store.retention;
+    let max_dead = i64::try_from(retention.max_dead_letters).unwrap_or(i64::MAX);
+    store.with_conn(|c| {
+        c.execute(
+            "UPDATE tasq_tasks SET dead = false, payload = NULL
+             WHERE id IN (SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC OFFSET $1)",
+            &[&max_dead],
+        )
+    })?;
+    let max_count = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
+    let max_age = retention.max_age.map(rows::micros);
+    loop {
+        let deleted = store.with_conn(|c| {
+            let mut tx = c.transaction()?;
+            let rows = tx.query(
+                "WITH finished AS (
+                     SELECT id, finished_at FROM tasq_tasks
+                     WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead
+                 ), old AS (
+                     (SELECT id FROM finished
+                      WHERE $2$2::BIGINT IS NOT NULL
+                        AND finished_at < now() - interval '1 microsecond' * $2::BIGINT
+                      LIMIT 1000)
+                     UNION
+                     (SELECT id FROM finished ORDER BY finished_at DESC OFFSET $1 LIMIT 1000)
+                 )
+                 DELETE FROM tasq_tasks t USING old WHERE t.id = old.id RETURNING t.id",
+                &[&max_count, &max_age],
+            )?;
+            let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+            if !ids.is_empty() {
+                tx.execute(
+                    "DELETE FROM tasq_deps WHERE dependency = ANY($1) OR dependent = ANY($1)",
+                    &[&ids],
+                )?;
+            }
+            tx.commit()?;
+            Ok(ids.len())
+        })?;
+        if deleted < 1000 {
+            return Ok(());
+        }
+    }
+}

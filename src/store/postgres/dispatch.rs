@@ -1,0 +1,595 @@
+//! Claiming and ending tasks: the fetcher that claims batches for this pool's free workers,
+//! the fenced writes of a run's outcome, the cascades to dependents, and resubmission.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use postgres::Transaction;
+use serde_json::Value;
+
+use super::{Insert, PgStore, insert_task, notify, rows};
+use crate::cancel::CancelToken;
+use crate::error::ResubmitError;
+use crate::store::{Claim, RunOutcome};
+use crate::sync::Arc;
+use crate::task::{Dependency, Failure, FailureReason, TaskId, TaskState};
+use crate::unwind;
+
+/// How a run ends, as the store writes it.
+pub(super) enum Ending {
+    Succeeded(Value, Box<dyn Any + Send + Sync>),
+    Retry { delay: Duration, error: String },
+    Failed(Failure),
+}
+
+/// The fetcher thread: claims up to as many due tasks as the pool has free workers, in one
+/// statement, whenever it is woken (a notification, a local submit, a freed worker) or a poll
+/// interval passes.
+pub(super) fn fetch_loop(store: &Arc<PgStore>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let wanted = {
+            let mut local = store.local.lock();
+            loop {
+                if local.closed || local.stopping {
+                    return;
+                }
+                if local.free > 0 && local.wake {
+                    local.wake = false;
+                    break local.free;
+                }
+                let deadline = std::time::Instant::now() + store.poll_interval;
+                // Timed: the poll is the fallback for a lost notification.
+                store.fetch_cv.wait_until(&mut local, deadline);
+                if std::time::Instant::now() >= deadline {
+                    local.wake = true;
+                }
+            }
+        };
+        match claim_batch(store, wanted) {
+            Ok(claimed) => {
+                backoff = Duration::from_millis(50);
+                let full = claimed == wanted;
+                let mut local = store.local.lock();
+                // A full batch: there may be more right away.
+                local.wake |= full;
+            }
+            Err(_) => {
+                // The database is away: try again later (the poll wakes us anyway).
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                store.local.lock().wake = true;
+            }
+        }
+    }
+}
+
+/// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
+fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
+    let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
+    let lease_us = rows::micros(store.lease);
+    let rows = store.with_conn(|c| {
+        c.query(
+            "WITH picked AS (
+                 SELECT id FROM tasq_tasks
+                 WHERE status = 'ready' AND run_at <= now() AND type = ANY($1)
+                 ORDER BY priority DESC, run_at
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED
+             )
+             UPDATE tasq_tasks t
+             SET status = 'running', lease_id = nextval('tasq_lease'),
+                 lease_until = now() + interval '1 microsecond' * $3::BIGINT,
+                 attempts = t.attempts + 1
+             FROM picked WHERE t.id = picked.id
+             RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at",
+            &[&store.types, &limit, &lease_us],
+        )
+    })?;
+    let mut claimed: Vec<(i16, std::time::SystemTime, Claim)> = Vec::with_capacity(rows.len());
+    let mut bad = Vec::new();
+    for row in &rows {
+        let seq: i64 = row.get(0);
+        let type_name: &str = row.get(1);
+        let payload: Option<Value> = row.get(2);
+        let attempt = u32::try_from(row.get::<_, i32>(3)).unwrap_or(u32::MAX);
+        let lease: i64 = row.get(4);
+        let Some(type_index) = store.type_index(type_name) else {
+            continue;
+        };
+        let codec = store
+            .registry
+            .entry(type_index)
+            .codec
+            .expect("durable types have codecs");
+        // The payload's `Deserialize` is user code.
+        let decoded = unwind::catch(|| (codec.decode_payload)(payload.unwrap_or(Value::Null)))
+            .unwrap_or_else(|panic| Err(format!("its Deserialize panicked: {panic}")));
+        match decoded {
+            Ok(payload) => claimed.push((
+                row.get(5),
+                row.get(6),
+                Claim {
+                    id: store.id(seq),
+                    type_index,
+                    attempt,
+                    token: CancelToken::new(store.clock.clone()),
+                    payload,
+                    lease: Some(lease),
+                },
+            )),
+            Err(error) => bad.push((seq, lease, attempt, error)),
+        }
+    }
+    claimed.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let count = claimed.len() + bad.len();
+    {
+        let mut local = store.local.lock();
+        local.free -= count;
+        for (_, _, claim) in claimed {
+            let seq = rows::local_seq(store.queue, claim.id).unwrap_or(0);
+            local.running.insert(
+                seq,
+                super::Held {
+                    lease: claim.lease.unwrap_or(0),
+                    token: claim.token.clone(),
+                    type_index: claim.type_index,
+                },
+            );
+            local.queue.push_back(claim);
+            store.work_cv.notify_one();
+        }
+        for &(seq, lease, _, _) in &bad {
+            local.running.insert(
+                seq,
+                super::Held {
+                    lease,
+                    token: CancelToken::new(store.clock.clone()),
+                    type_index: 0,
+                },
+            );
+        }
+    }
+    // A payload that no longer decodes is a dead letter at once, never a worker's crash.
+    for (seq, lease, attempt, error) in bad {
+        let failure = Failure::new(
+            FailureReason::BadPayload,
+            attempt,
+            format!("the payload could not be decoded: {error}"),
+            None,
+        );
+        store.finish(seq, lease, Ending::Failed(failure));
+    }
+    Ok(count)
+}
+
+impl PgStore {
+    /// Records a claimed task's run (see [`Store::complete_and_claim`](crate::store::Store)).
+    pub(super) fn complete(&self, claim: Claim, outcome: RunOutcome) {
+        let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
+        let lease = claim.lease.unwrap_or(0);
+        unwind::drop_quietly(claim.payload);
+        let ending = match outcome {
+            RunOutcome::Succeeded(output) => {
+                let codec = self
+                    .registry
+                    .entry(claim.type_index)
+                    .codec
+                    .expect("durable types have codecs");
+                // The output's `Serialize` is user code.
+                match unwind::catch(|| (codec.encode_output)(&*output)) {
+                    Ok(Ok(value)) => Ending::Succeeded(value, output),
+                    Ok(Err(error)) | Err(error) => {
+                        unwind::drop_quietly(output);
+                        Ending::Failed(Failure::new(
+                            FailureReason::BadPayload,
+                            claim.attempt,
+                            format!("the output could not be encoded: {error}"),
+                            None,
+                        ))
+                    }
+                }
+            }
+            RunOutcome::Retry { delay, error } => Ending::Retry { delay, error },
+            RunOutcome::Failed(mut failure) => {
+                failure.attempts = claim.attempt;
+                Ending::Failed(failure)
+            }
+        };
+        self.finish(seq, lease, ending);
+    }
+
+    /// Writes how task `seq`'s run under `lease` ended, fenced by the lease; retried while the
+    /// database is away. Then frees the worker's slot and publishes the outcome to local
+    /// handles.
+    pub(super) fn finish(&self, seq: i64, lease: i64, ending: Ending) {
+        let mut delay = Duration::from_millis(20);
+        let written = loop {
+            match self.write_ending(seq, lease, &ending) {
+                Ok(written) => break written,
+                Err(_) => {
+                    // Lost connection: the outcome is retried until written or the lease is
+                    // gone (then the write finds no row, and the task runs again elsewhere).
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+        {
+            let mut local = self.local.lock();
+            local.running.remove(&seq);
+            local.free += 1;
+            local.wake = true;
+            match &written {
+                Some(TaskState::Succeeded) => local.totals.succeeded += 1,
+                Some(TaskState::Failed) => local.totals.failed += 1,
+                Some(TaskState::Cancelled) => local.totals.cancelled += 1,
+                Some(_) => local.totals.retried += 1,
+                None => {}
+            }
+            self.fetch_cv.notify_one();
+            self.done_cv.notify_all();
+        }
+        let waiter = match written {
+            Some(state) if state.is_terminal() => self.waiters.lock().remove(&seq),
+            _ => None,
+        };
+        let completion = waiter.and_then(|w| w.upgrade());
+        match (completion, ending, written) {
+            (Some(completion), Ending::Succeeded(_, output), Some(TaskState::Succeeded)) => {
+                completion.publish(crate::completion::Finished::Succeeded(Some(output)));
+            }
+            (Some(completion), Ending::Failed(failure), Some(TaskState::Failed)) => {
+                completion.publish(crate::completion::Finished::Failed(Box::new(failure)));
+            }
+            (Some(completion), ending, _) => {
+                unwind::drop_quietly(ending);
+                // Cancelled instead: the row says why.
+                self.waiters.lock().insert(seq, Arc::downgrade(&completion));
+                self.publish_seq(seq);
+            }
+            (None, ending, _) => unwind::drop_quietly(ending),
+        }
+    }
+
+    /// One attempt at writing an ending. `Ok(None)`: the lease was lost, nothing written.
+    fn write_ending(
+        &self,
+        seq: i64,
+        lease: i64,
+        ending: &Ending,
+    ) -> Result<Option<TaskState>, String> {
+        // The common cases in one statement: no cancel asked, nobody waits elsewhere, no
+        // dependents to release (checked on the row's latest version, under its lock).
+        let fast = self.with_conn(|c| match ending {
+            Ending::Succeeded(output, _) => c.execute(
+                "UPDATE tasq_tasks SET status = 'succeeded', output = $3, finished_at = now(),
+                        lease_until = NULL
+                 WHERE id = $1 AND lease_id = $2 AND status = 'running'
+                   AND cancel_requested IS NULL AND NOT has_dependents AND NOT watched",
+                &[&seq, &lease, output],
+            ),
+            Ending::Retry { delay, error } => c.execute(
+                "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
+                        lease_until = NULL, run_at = now() + interval '1 microsecond' * $4::BIGINT
+                 WHERE id = $1 AND lease_id = $2 AND status = 'running'
+                   AND cancel_requested IS NULL",
+                &[&seq, &lease, error, &rows::micros(*delay)],
+            ),
+            Ending::Failed(_) => Ok(0),
+        })?;
+        if fast == 1 {
+            return Ok(Some(match ending {
+                Ending::Succeeded(..) => TaskState::Succeeded,
+                _ => TaskState::Scheduled,
+            }));
+        }
+        self.with_conn(|c| {
+            let mut tx = c.transaction()?;
+            let written = write_ending_tx(&mut tx, seq, lease, ending)?;
+            tx.commit()?;
+            Ok(written)
+        })
+    }
+}
+
+/// The general ending, in a transaction: fenced by the lease, a cancel asked for wins over the
+/// handler's result, and dependents are released or cancelled in the same transaction.
+fn write_ending_tx(
+    tx: &mut Transaction<'_>,
+    seq: i64,
+    lease: i64,
+    ending: &Ending,
+) -> Result<Option<TaskState>, postgres::Error> {
+    let Some(row) = tx.query_opt(
+        "SELECT cancel_requested, has_dependents, watched FROM tasq_tasks
+         WHERE id = $1 AND lease_id = $2 AND status = 'running' FOR UPDATE",
+        &[&seq, &lease],
+    )?
+    else {
+        return Ok(None);
+    };
+    let cancel: Option<String> = row.get(0);
+    let has_dependents: bool = row.get(1);
+    let watched: bool = row.get(2);
+    let mut done = Vec::new();
+    let mut ready = false;
+    let state = match (cancel, ending) {
+        (Some(reason), _) => {
+            tx.execute(
+                "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = $2,
+                        finished_at = now(), lease_until = NULL
+                 WHERE id = $1",
+                &[&seq, &reason],
+            )?;
+            if has_dependents {
+                done.extend(cascade(tx, seq, "dependency_cancelled")?);
+            }
+            TaskState::Cancelled
+        }
+        (None, Ending::Succeeded(output, _)) => {
+            tx.execute(
+                "UPDATE tasq_tasks SET status = 'succeeded', output = $2, finished_at = now(),
+                        lease_until = NULL
+                 WHERE id = $1",
+                &[&seq, output],
+            )?;
+            if has_dependents {
+                let released = tx.query(
+                    "UPDATE tasq_tasks t SET pending_deps = t.pending_deps - 1,
+                            status = CASE WHEN t.pending_deps = 1 THEN 'ready' ELSE 'blocked' END
+                     FROM tasq_deps d
+                     WHERE d.dependency = $1 AND t.id = d.dependent AND t.status = 'blocked'
+                     RETURNING t.status = 'ready' AND t.run_at <= now()",
+                    &[&seq],
+                )?;
+                ready = released.iter().any(|r| r.get::<_, bool>(0));
+            }
+            TaskState::Succeeded
+        }
+        (None, Ending::Retry { delay, error }) => {
+            tx.execute(
+                "UPDATE tasq_tasks SET status = 'ready', last_error = $2, lease_id = NULL,
+                        lease_until = NULL, run_at = now() + interval '1 microsecond' * $3::BIGINT
+                 WHERE id = $1",
+                &[&seq, error, &rows::micros(*delay)],
+            )?;
+            TaskState::Scheduled
+        }
+        (None, Ending::Failed(failure)) => {
+            tx.execute(
+                "UPDATE tasq_tasks SET status = 'failed', dead = true, failure_reason = $2,
+                        last_error = $3, attempts = GREATEST(attempts, $4), finished_at = now(),
+                        lease_until = NULL
+                 WHERE id = $1",
+                &[
+                    &seq,
+                    &rows::failure_reason_text(failure.reason),
+                    &failure.error,
+                    &i32::try_from(failure.attempts).unwrap_or(i32::MAX),
+                ],
+            )?;
+            if has_dependents {
+                done.extend(cascade(tx, seq, "dependency_failed")?);
+            }
+            TaskState::Failed
+        }
+    };
+    if watched && state.is_terminal() {
+        done.push(seq);
+    }
+    if ready || !done.is_empty() {
+        let mut payload = if ready {
+            "ready".to_owned()
+        } else {
+            String::new()
+        };
+        payload.push_str(&done_payload(&done));
+        notify(tx, payload.trim_start())?;
+    }
+    Ok(Some(state))
+}
+
+/// Cancels, transitively, the blocked dependents of `root` (which failed or was cancelled):
+/// its direct dependents with `reason`, theirs with `dependency_cancelled`. Returns their ids.
+pub(super) fn cascade(
+    tx: &mut Transaction<'_>,
+    root: i64,
+    reason: &str,
+) -> Result<Vec<i64>, postgres::Error> {
+    let rows = tx.query(
+        "WITH RECURSIVE doomed(id, cause, depth) AS (
+             SELECT dependent, dependency, 1 FROM tasq_deps WHERE dependency = $1
+             UNION
+             SELECT d.dependent, d.dependency, doomed.depth + 1
+             FROM tasq_deps d JOIN doomed ON d.dependency = doomed.id
+         )
+         UPDATE tasq_tasks t SET status = 'cancelled',
+                cancel_reason = CASE WHEN doomed.depth = 1 THEN $2 ELSE 'dependency_cancelled' END,
+                cancel_cause = doomed.cause, finished_at = now()
+         FROM doomed WHERE t.id = doomed.id AND t.status = 'blocked'
+         RETURNING t.id",
+        &[&root, &reason],
+    )?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The notification words that name tasks that ended: ` done:<id>` each.
+pub(super) fn done_payload(ids: &[i64]) -> String {
+    ids.iter().map(|id| format!(" done:{id}")).collect()
+}
+
+/// Why a resubmit was refused, before the ids are made.
+pub(super) enum Refusal {
+    Unknown,
+    NotDeadLetter(TaskState),
+    AlreadyResubmitted(i64),
+    Taken,
+    TypeMismatch,
+    KeyTaken(i64),
+}
+
+impl Refusal {
+    pub(super) fn into_error(self, id: TaskId, to_id: impl Fn(i64) -> TaskId) -> ResubmitError {
+        match self {
+            Refusal::Unknown => ResubmitError::UnknownTask(id),
+            Refusal::NotDeadLetter(state) => ResubmitError::NotDeadLetter(id, state),
+            Refusal::AlreadyResubmitted(new) => ResubmitError::AlreadyResubmitted(id, to_id(new)),
+            Refusal::Taken => ResubmitError::Taken(id),
+            Refusal::TypeMismatch => ResubmitError::TypeMismatch(id),
+            Refusal::KeyTaken(holder) => ResubmitError::KeyTaken(id, to_id(holder)),
+        }
+    }
+}
+
+/// Resubmits dead letter `seq` as a new row, and with `dependents` the dependents its failure
+/// cancelled (transitively, dependencies first), waiting for the new rows instead of the old.
+#[allow(clippy::type_complexity)]
+pub(super) fn revive(
+    tx: &mut Transaction<'_>,
+    queue: u64,
+    seq: i64,
+    type_name: &'static str,
+    max_attempts: i32,
+    dependents: bool,
+) -> Result<Result<(i64, Vec<(i64, i64)>), Refusal>, postgres::Error> {
+    let Some(row) = tx.query_opt(
+        "SELECT type, payload, priority, key, dead, resubmitted_as, status, run_at <= now()
+         FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+        &[&seq],
+    )?
+    else {
+        return Ok(Err(Refusal::Unknown));
+    };
+    let status: &str = row.get(6);
+    if status != "failed" {
+        return Ok(Err(Refusal::NotDeadLetter(rows::state_of(
+            status,
+            row.get(7),
+        ))));
+    }
+    if let Some(new) = row.get::<_, Option<i64>>(5) {
+        return Ok(Err(Refusal::AlreadyResubmitted(new)));
+    }
+    let payload: Option<Value> = row.get(1);
+    let (true, Some(payload)) = (row.get::<_, bool>(4), payload) else {
+        return Ok(Err(Refusal::Taken));
+    };
+    if row.get::<_, &str>(0) != type_name {
+        return Ok(Err(Refusal::TypeMismatch));
+    }
+    let key: Option<String> = row.get(3);
+    let insert = Insert {
+        type_name,
+        payload: &payload,
+        priority: row.get(2),
+        delay_us: 0,
+        max_attempts,
+        key: key.as_deref(),
+    };
+    let new = match insert_task(tx, queue, &insert, &[])? {
+        Ok((new, false, _)) => new,
+        Ok((holder, true, _)) => return Ok(Err(Refusal::KeyTaken(holder))),
+        Err(_) => return Ok(Err(Refusal::TypeMismatch)),
+    };
+    tx.execute(
+        "UPDATE tasq_tasks SET dead = false, payload = NULL, resubmitted_as = $2 WHERE id = $1",
+        &[&seq, &new],
+    )?;
+    let mut brought_back = Vec::new();
+    if dependents {
+        let mut renamed = HashMap::from([(seq, new)]);
+        let cascade = tx.query(
+            "WITH RECURSIVE doomed(id) AS (
+                 SELECT dependent FROM tasq_deps WHERE dependency = $1
+                 UNION
+                 SELECT d.dependent FROM tasq_deps d JOIN doomed ON d.dependency = doomed.id
+             )
+             SELECT t.id, t.type, t.payload, t.priority, t.key, t.max_attempts,
+                    ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1)
+             FROM tasq_tasks t JOIN doomed ON t.id = doomed.id
+             WHERE t.status = 'cancelled' AND t.resubmitted_as IS NULL
+               AND t.cancel_reason IN ('dependency_failed', 'dependency_cancelled')
+               AND t.payload IS NOT NULL
+             ORDER BY t.id",
+            &[&seq],
+        )?;
+        for row in &cascade {
+            let old: i64 = row.get(0);
+            let type_name = super::leak_name(row.get(1));
+            let payload: Value = row.get(2);
+            let key: Option<String> = row.get(4);
+            let deps: Vec<i64> = row.get(6);
+            let dependencies: Vec<Dependency> = deps
+                .iter()
+                .map(|d| {
+                    let d = renamed.get(d).copied().unwrap_or(*d);
+                    Dependency::from(TaskId::from_parts(queue, d as u64))
+                })
+                .collect();
+            let insert = Insert {
+                type_name,
+                payload: &payload,
+                priority: row.get(3),
+                delay_us: 0,
+                max_attempts: row.get(5),
+                key: key.as_deref(),
+            };
+            // A dependent whose other dependency is gone, or whose key another task took,
+            // stays as it is (and so do its own dependents).
+            if let Ok((new_dependent, false, _)) = insert_task(tx, queue, &insert, &dependencies)? {
+                tx.execute(
+                    "UPDATE tasq_tasks SET resubmitted_as = $2 WHERE id = $1",
+                    &[&old, &new_dependent],
+                )?;
+                renamed.insert(old, new_dependent);
+                brought_back.push((old, new_dependent));
+            }
+        }
+    }
+    Ok(Ok((new, brought_back)))
+}
+
+/// The durable store's invariants, checked over the whole table (for tests).
+pub(super) fn check_invariants(store: &PgStore) -> Result<(), String> {
+    let checks: [(&str, &str); 6] = [
+        (
+            "a running task holds a lease",
+            "SELECT count(*) FROM tasq_tasks WHERE status = 'running'
+             AND (lease_id IS NULL OR lease_until IS NULL)",
+        ),
+        (
+            "a finished task has finished_at",
+            "SELECT count(*) FROM tasq_tasks
+             WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at IS NULL",
+        ),
+        (
+            "only a failed task is a dead letter, and it keeps its payload",
+            "SELECT count(*) FROM tasq_tasks WHERE dead AND (status <> 'failed' OR payload IS NULL)",
+        ),
+        (
+            "a blocked task waits for as many unfinished dependencies as its pending count",
+            "SELECT count(*) FROM tasq_tasks t WHERE t.status = 'blocked' AND t.pending_deps <>
+                 (SELECT count(*) FROM tasq_deps d JOIN tasq_tasks p ON p.id = d.dependency
+                  WHERE d.dependent = t.id AND p.status IN ('blocked', 'ready', 'running'))",
+        ),
+        (
+            "a blocked task has unfinished dependencies",
+            "SELECT count(*) FROM tasq_tasks WHERE status = 'blocked' AND pending_deps <= 0",
+        ),
+        (
+            "a task whose dependency failed or was cancelled is not blocked",
+            "SELECT count(*) FROM tasq_tasks t JOIN tasq_deps d ON d.dependent = t.id
+             JOIN tasq_tasks p ON p.id = d.dependency
+             WHERE t.status = 'blocked' AND p.status IN ('failed', 'cancelled')",
+        ),
+    ];
+    for (name, sql) in checks {
+        let broken: i64 = store.with_conn(|c| c.query_one(sql, &[]))?.get(0);
+        if broken != 0 {
+            return Err(format!("invariant broken ({broken} rows): {name}"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1173 @@
+//! The durable store: tasks in one PostgreSQL table, shared by worker processes on any number
+//! of machines.
+//!
+//! # How a task moves
+//!
+//! * A submit inserts a row (`ready`, or `blocked` on its dependencies) in one transaction, and
+//!   notifies the channel `tasq` so that an idle pool in another process claims it at once.
+//! * A pool's *fetcher* thread claims up to as many ready, due rows as it has free workers, in
+//!   one statement (`FOR UPDATE SKIP LOCKED` in a CTE, so no two claimers share a row and a
+//!   claim of n never takes more than n), giving each a lease: a fencing token from the
+//!   `tasq_lease` sequence and an expiry (`lease_until`), both set from the database's clock.
+//! * A worker runs the handler and writes the outcome with `WHERE id = $1 AND lease_id = $2`:
+//!   if the lease was lost (it expired and another worker took the task over), the write changes
+//!   nothing and the outcome is dropped. Every write about a leased task carries that check.
+//! * The *maintenance* thread listens on the channel, extends the leases of the tasks its pool
+//!   runs (heartbeat), fires the tokens of tasks cancelled elsewhere, publishes outcomes to local
+//!   handles, returns expired leases to `ready` (the reaper: at-least-once delivery), and deletes
+//!   finished rows past retention.
+//!
+//! Every time in a lease, a `run_at` or an age is the database's `now()`, never a client's clock.
+//!
+//! # Threads and locks
+//!
+//! `Local` is the only state under a lock here; SQL never runs while it is held, nor does user
+//! code (payloads are decoded, outputs encoded and values dropped outside it).
+
+mod background;
+mod dispatch;
+mod rows;
+mod schema;
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use postgres::{GenericClient, NoTls, Row};
+use r2d2_postgres::PostgresConnectionManager;
+use serde_json::Value;
+
+use crate::cancel::CancelToken;
+use crate::clock::Clock;
+use crate::completion::{Completion, Finished};
+use crate::dead_letter::DeadLetter;
+use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::registry::Registry;
+use crate::stats::{Stats, TaskInfo, Totals};
+use crate::store::memory::Retention;
+use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
+use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::task::{CancelOutcome, CancelReason, Start, TaskId, TaskState};
+use crate::unwind;
+
+/// The version of the durable store's schema that this crate reads and writes:
+/// [`migrate`] brings a database to it.
+///
+/// # Examples
+///
+/// ```
+/// assert!(tasq::postgres::SCHEMA_VERSION >= 1);
+/// ```
+pub const SCHEMA_VERSION: i32 = schema::VERSION;
+
+type Db = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+
+/// The settings of a durable pool: where the database is, and how leases and polling behave.
+/// Made by [`Builder::postgres`](crate::Builder::postgres); see the `Builder<Postgres>` methods.
+///
+/// # Examples
+///
+/// ```no_run
+/// let builder = tasq::Pool::builder()
+///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+///     .lease(std::time::Duration::from_secs(30));
+/// # let _ = builder;
+/// ```
+#[derive(Clone, Debug)]
+pub struct Postgres {
+    pub(crate) url: String,
+    pub(crate) lease: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) connections: Option<u32>,
+}
+
+impl Postgres {
+    pub(crate) fn new(url: String) -> Self {
+        Postgres {
+            url,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(500),
+            connections: None,
+        }
+    }
+}
+
+/// Brings the database's tasq tables to the schema this version of the crate uses, creating
+/// them if needed; returns the version it found (0 for none). Safe to call from several
+/// processes at once, and again once done. A durable pool refuses to build until it has run.
+///
+/// # Errors
+///
+/// The database's error, if it could not connect or a migration failed (nothing of that
+/// migration is kept).
+///
+/// # Examples
+///
+/// ```no_run
+/// let found = tasq::postgres::migrate("host=127.0.0.1 user=postgres dbname=test")?;
+/// assert!(found <= tasq::postgres::SCHEMA_VERSION);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn migrate(url: &str) -> Result<i32, postgres::Error> {
+    let mut client = postgres::Client::connect(url, NoTls)?;
+    schema::migrate(&mut client)
+}
+
+/// A claimed task's lease as its pool holds it.
+struct Held {
+    lease: i64,
+    token: CancelToken,
+    type_index: u32,
+}
+
+/// The pool-local state: claims waiting for a worker, the tasks running here, the workers.
+struct Local {
+    /// Claimed, leased, not started yet (given back at shutdown).
+    queue: VecDeque<Claim>,
+    running: HashMap<i64, Held>,
+    /// Worker slots neither running a task nor promised one in `queue`.
+    free: usize,
+    /// The fetcher should claim now (a notification, a local submit, a finished task).
+    wake: bool,
+    /// Closed to new tasks: the fetcher stops claiming.
+    closed: bool,
+    /// Workers exit once their handler returns.
+    stopping: bool,
+    live_workers: usize,
+    handlers_in_shutdown: usize,
+    /// Idle workers waiting on `work_cv`.
+    idle: usize,
+    totals: Totals,
+}
+
+/// The durable store of one pool.
+pub(crate) struct PgStore {
+    queue: u64,
+    registry: Registry,
+    db: Db,
+    url: String,
+    lease: Duration,
+    poll_interval: Duration,
+    retention: Retention,
+    /// The names of the types this pool runs (it claims no other).
+    types: Vec<String>,
+    local: Mutex<Local>,
+    /// Workers wait here for claims.
+    work_cv: Condvar,
+    /// The fetcher waits here for free slots and wake-ups.
+    fetch_cv: Condvar,
+    /// `shutdown` waits here for running handlers and exiting workers.
+    done_cv: Condvar,
+    /// Handles waiting in this process, by row id.
+    waiters: Mutex<HashMap<i64, Weak<Completion>>>,
+    clock: Clock,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl PgStore {
+    /// Connects, checks the schema, and starts the fetcher and maintenance threads.
+    pub(crate) fn start(
+        registry: Registry,
+        settings: Postgres,
+        workers: usize,
+        clock: Clock,
+        retention: Retention,
+    ) -> Result<Arc<PgStore>, BuildError> {
+        let store_error = |e: &dyn fmt::Display| BuildError::Store(e.to_string());
+        if let Some(entry) = (0..registry.len())
+            .map(|i| registry.entry(i))
+            .find(|entry| entry.codec.is_none())
+        {
+            return Err(BuildError::NotDurable(entry.name));
+        }
+        let config: postgres::Config = settings.url.parse().map_err(|e| store_error(&e))?;
+        let connections = settings
+            .connections
+            .unwrap_or_else(|| u32::try_from(workers + 4).unwrap_or(u32::MAX));
+        let db = r2d2::Pool::builder()
+            .max_size(connections)
+            .connection_timeout(Duration::from_secs(10))
+            .build(PostgresConnectionManager::new(config, NoTls))
+            .map_err(|e| store_error(&e))?;
+        let mut conn = db.get().map_err(|e| store_error(&e))?;
+        let queue = match schema::read(&mut *conn).map_err(|e| store_error(&e))? {
+            Some((version, queue)) if version == SCHEMA_VERSION => queue,
+            found => {
+                return Err(BuildError::Store(format!(
+                    "the database's tasq schema is at version {}, this crate needs {}: call \
+                     tasq::postgres::migrate first",
+                    found.map_or(0, |(v, _)| v),
+                    SCHEMA_VERSION
+                )));
+            }
+        };
+        drop(conn);
+        let types = (0..registry.len())
+            .map(|i| registry.entry(i).name.to_owned())
+            .collect();
+        let store = Arc::new(PgStore {
+            queue: queue as u64,
+            registry,
+            db,
+            url: settings.url,
+            lease: settings.lease,
+            poll_interval: settings.poll_interval,
+            retention,
+            types,
+            local: Mutex::new(Local {
+                queue: VecDeque::new(),
+                running: HashMap::new(),
+                free: workers,
+                wake: true,
+                closed: false,
+                stopping: false,
+                live_workers: workers,
+                handlers_in_shutdown: 0,
+                idle: 0,
+                totals: Totals::default(),
+            }),
+            work_cv: Condvar::new(),
+            fetch_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            waiters: Mutex::new(HashMap::new()),
+            clock,
+            threads: Mutex::new(Vec::new()),
+        });
+        let threads = [
+            background::spawn("tasq-pg-fetch", &store, dispatch::fetch_loop),
+            background::spawn("tasq-pg-maintain", &store, background::maintain_loop),
+        ];
+        for thread in threads {
+            match thread {
+                Ok(handle) => store.threads.lock().push(handle),
+                Err(error) => {
+                    store.stop_now();
+                    return Err(BuildError::Spawn(error));
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    fn id(&self, seq: i64) -> TaskId {
+        TaskId::from_parts(self.queue, seq as u64)
+    }
+
+    fn seq(&self, id: TaskId) -> Option<i64> {
+        rows::local_seq(self.queue, id)
+    }
+
+    /// A connection from the pool, retried with backoff while the database is unreachable (up
+    /// to a minute: past that the caller's operation fails).
+    fn conn(&self) -> Result<r2d2::PooledConnection<PostgresConnectionManager<NoTls>>, String> {
+        let mut delay = Duration::from_millis(50);
+        let give_up = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.db.get() {
+                Ok(conn) => return Ok(conn),
+                Err(error) if Instant::now() >= give_up => return Err(error.to_string()),
+                Err(_) => {
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Runs `f` on a connection; a database error is returned as text.
+    fn with_conn<R>(
+        &self,
+        f: impl FnOnce(&mut postgres::Client) -> Result<R, postgres::Error>,
+    ) -> Result<R, String> {
+        let mut conn = self.conn()?;
+        f(&mut conn).map_err(|e| e.to_string())
+    }
+
+    /// The type index of a row's type name, if this pool registered it.
+    fn type_index(&self, name: &str) -> Option<u32> {
+        self.registry.index_of(name)
+    }
+
+    /// Wakes the fetcher (a task became ready here, or a slot freed).
+    fn wake_fetcher(&self) {
+        let mut local = self.local.lock();
+        local.wake = true;
+        self.fetch_cv.notify_one();
+    }
+
+    /// Publishes the outcome of a terminal row to the handles waiting for it in this process.
+    fn publish_row(&self, seq: i64, row: &Row) {
+        let completion = self.waiters.lock().remove(&seq);
+        let Some(completion) = completion.and_then(|weak| weak.upgrade()) else {
+            return;
+        };
+        let finished = self.finished_of_row(row);
+        completion.publish(finished);
+    }
+
+    /// A terminal row's outcome, with its output decoded (outside any lock: the output's
+    /// `Deserialize` is user code).
+    fn finished_of_row(&self, row: &Row) -> Finished {
+        let status: &str = row.get("status");
+        match status {
+            "succeeded" => {
+                let type_name: &str = row.get("type");
+                let output: Option<Value> = row.get("output");
+                let decoded = self
+                    .type_index(type_name)
+                    .and_then(|index| self.registry.entry(index).codec)
+                    .ok_or_else(|| format!("task type {type_name} is not registered here"))
+                    .and_then(|codec| {
+                        unwind::catch(|| (codec.decode_output)(output.unwrap_or(Value::Null)))
+                            .unwrap_or_else(|panic| {
+                                Err(format!("its Deserialize panicked: {panic}"))
+                            })
+                    });
+                match decoded {
+                    Ok(output) => Finished::Succeeded(Some(output)),
+                    Err(error) => Finished::Failed(Box::new(crate::task::Failure::new(
+                        crate::task::FailureReason::BadPayload,
+                        u32::try_from(row.get::<_, i32>("attempts")).unwrap_or(0),
+                        format!("the task succeeded, but its output could not be decoded: {error}"),
+                        None,
+                    ))),
+                }
+            }
+            "failed" => Finished::Failed(Box::new(rows::failure_of(
+                row.get("failure_reason"),
+                row.get("attempts"),
+                row.get("last_error"),
+            ))),
+            _ => Finished::Cancelled(rows::cancel_reason_of(
+                self.queue,
+                row.get("cancel_reason"),
+                row.get("cancel_cause"),
+            )),
+        }
+    }
+
+    /// The columns [`finished_of_row`](PgStore::finished_of_row) reads.
+    const OUTCOME_COLUMNS: &'static str = "id, status, type, output, attempts, failure_reason, \
+        last_error, cancel_reason, cancel_cause";
+
+    /// Registers a waiter for `seq`; if the row is terminal already, publishes it at once.
+    fn watch_seq(&self, seq: i64, completion: &Arc<Completion>) {
+        {
+            let mut waiters = self.waiters.lock();
+            if waiters.get(&seq).is_some_and(|w| w.strong_count() > 0) {
+                return;
+            }
+            waiters.insert(seq, Arc::downgrade(completion));
+        }
+        // Marked watched under the row's lock: either the task ends after this (and its
+        // ending notifies), or it had ended (and the row says so).
+        let sql = format!(
+            "UPDATE tasq_tasks SET watched = true WHERE id = $1 RETURNING {}",
+            Self::OUTCOME_COLUMNS
+        );
+        if let Ok(Some(row)) = self.with_conn(|c| c.query_opt(&sql, &[&seq])) {
+            let status: &str = row.get("status");
+            if matches!(status, "succeeded" | "failed" | "cancelled") {
+                self.publish_row(seq, &row);
+            }
+        }
+    }
+
+    /// Fires the token of a task running here whose cancel was asked for.
+    fn fire_local(&self, seq: i64) {
+        let token = self.local.lock().running.get(&seq).map(|h| h.token.clone());
+        if let Some(token) = token {
+            token.cancel();
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Totals)) {
+        f(&mut self.local.lock().totals);
+    }
+}
+
+/// What a submit inserts, computed outside the transaction.
+struct Insert<'a> {
+    type_name: &'static str,
+    payload: &'a Value,
+    priority: i16,
+    delay_us: i64,
+    max_attempts: i32,
+    key: Option<&'a str>,
+}
+
+/// Inserts one task in `tx`: checks its key and dependencies, inserts the row and its edges.
+/// Returns the row id and whether it is a duplicate, or why it was refused.
+fn insert_task(
+    tx: &mut postgres::Transaction<'_>,
+    queue: u64,
+    task: &Insert<'_>,
+    dependencies: &[crate::task::Dependency],
+) -> Result<Result<(i64, bool, &'static str), SubmitErrorKind>, postgres::Error> {
+    if let Some(key) = task.key {
+        let existing = tx.query_opt(
+            "SELECT id, type FROM tasq_tasks WHERE key = $1
+             AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR SHARE",
+            &[&key],
+        )?;
+        if let Some(row) = existing {
+            let id: i64 = row.get(0);
+            let existing_type: String = row.get(1);
+            if existing_type != task.type_name {
+                return Ok(Err(SubmitErrorKind::KeyConflict {
+                    key: key.to_owned(),
+                    existing: TaskId::from_parts(queue, id as u64),
+                    existing_type: leak_name(existing_type),
+                }));
+            }
+            return Ok(Ok((id, true, "")));
+        }
+    }
+    let mut pending = Vec::new();
+    let mut doomed: Option<(CancelReason, i64)> = None;
+    if !dependencies.is_empty() {
+        let mut seqs = Vec::with_capacity(dependencies.len());
+        for dependency in dependencies {
+            match rows::local_seq(queue, dependency.id()) {
+                Some(seq) => seqs.push(seq),
+                None => return Ok(Err(SubmitErrorKind::UnknownDependency(dependency.id()))),
+            }
+        }
+        // Locks the dependencies' rows: a dependency cannot end between this check and the
+        // edge's insert (its ending waits for this transaction, then sees the edge).
+        let found = tx.query(
+            "UPDATE tasq_tasks SET has_dependents = true WHERE id = ANY($1)
+             RETURNING id, status",
+            &[&seqs],
+        )?;
+        let states: HashMap<i64, String> =
+            found.iter().map(|row| (row.get(0), row.get(1))).collect();
+        for dependency in dependencies {
+            let seq = rows::local_seq(queue, dependency.id()).unwrap_or(0);
+            match states.get(&seq).map(String::as_str) {
+                Some("succeeded") => {}
+                Some("failed") => {
+                    doomed.get_or_insert((CancelReason::DependencyFailed(dependency.id()), seq));
+                }
+                Some("cancelled") => {
+                    doomed.get_or_insert((CancelReason::DependencyCancelled(dependency.id()), seq));
+                }
+                Some(_) => pending.push(seq),
+                None if dependency.succeeded() => {}
+                None => return Ok(Err(SubmitErrorKind::UnknownDependency(dependency.id()))),
+            }
+        }
+        pending.sort_unstable();
+        pending.dedup();
+    }
+    let (status, reason, cause) = match doomed {
+        Some((reason, _)) => {
+            let (kind, cause) = rows::cancel_reason_columns(reason);
+            ("cancelled", Some(kind), cause)
+        }
+        None if !pending.is_empty() => ("blocked", None, None),
+        None => ("ready", None, None),
+    };
+    let pending_count = i32::try_from(pending.len()).unwrap_or(i32::MAX);
+    let row = tx.query_opt(
+        "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
+                                 pending_deps, cancel_reason, cancel_cause, finished_at)
+         VALUES ($1, $2, $3, $4, $5, now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
+                 CASE WHEN $5 = 'cancelled' THEN now() END)
+         ON CONFLICT (key) WHERE key IS NOT NULL
+             AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
+         RETURNING id",
+        &[
+            &task.key,
+            &task.type_name,
+            task.payload,
+            &task.priority,
+            &status,
+            &task.delay_us,
+            &task.max_attempts,
+            &pending_count,
+            &reason,
+            &cause,
+        ],
+    )?;
+    let Some(row) = row else {
+        // Another transaction took the key since the check: that task is the one.
+        let row = tx.query_one(
+            "SELECT id, type FROM tasq_tasks WHERE key = $1
+             AND status IN ('blocked', 'ready', 'running', 'succeeded')",
+            &[&task.key],
+        )?;
+        let existing_type: String = row.get(1);
+        if existing_type != task.type_name {
+            return Ok(Err(SubmitErrorKind::KeyConflict {
+                key: task.key.unwrap_or_default().to_owned(),
+                existing: TaskId::from_parts(queue, row.get::<_, i64>(0) as u64),
+                existing_type: leak_name(existing_type),
+            }));
+        }
+        return Ok(Ok((row.get(0), true, "")));
+    };
+    let id: i64 = row.get(0);
+    if !pending.is_empty() {
+        tx.execute(
+            "INSERT INTO tasq_deps (dependency, dependent) SELECT unnest($1::BIGINT[]), $2",
+            &[&pending, &id],
+        )?;
+    }
+    Ok(Ok((id, false, status)))
+}
+
+/// A type name read from the database, as the `&'static str` the error types carry: the
+/// registered name if there is one, else leaked (once per distinct name seen in an error).
+fn leak_name(name: String) -> &'static str {
+    static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = seen.iter().find(|n| **n == name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    seen.push(leaked);
+    leaked
+}
+
+/// Notifies the queue's channel, `tasq_<schema>` (so that queues in other schemas of the same
+/// database hear nothing of this one): at most once per transaction.
+fn notify(client: &mut impl GenericClient, payload: &str) -> Result<(), postgres::Error> {
+    client.execute(
+        "SELECT pg_notify('tasq_' || current_schema(), $1)",
+        &[&payload],
+    )?;
+    Ok(())
+}
+
+impl Store for PgStore {
+    fn pool_id(&self) -> u64 {
+        self.queue
+    }
+
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn is_closed(&self) -> bool {
+        self.local.lock().closed
+    }
+
+    fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
+        let entry = self.registry.entry(task.type_index);
+        let codec = entry.codec.expect("durable types have codecs");
+        let delay = match task.start {
+            Start::Now => Duration::ZERO,
+            Start::After(delay) => delay,
+            Start::At(at) => at.saturating_duration_since(self.clock.now()),
+        };
+        if delay > Duration::from_secs(100 * 365 * 24 * 3600) {
+            return Err(SubmitErrorKind::TimeOverflow);
+        }
+        // The payload's `Serialize` is user code.
+        let payload = match unwind::catch(|| (codec.encode_payload)(task.payload.peek())) {
+            Ok(Ok(value)) => value,
+            Ok(Err(error)) => return Err(SubmitErrorKind::Unserializable(error)),
+            Err(panic) => {
+                return Err(SubmitErrorKind::Unserializable(format!(
+                    "its Serialize panicked: {panic}"
+                )));
+            }
+        };
+        let insert = Insert {
+            type_name: entry.name,
+            payload: &payload,
+            priority: i16::from(task.priority),
+            delay_us: rows::micros(delay),
+            max_attempts: i32::try_from(entry.max_attempts).unwrap_or(i32::MAX),
+            key: task.key,
+        };
+        let queue = self.queue;
+        let result = self.with_conn(|client| {
+            let mut tx = client.transaction()?;
+            let inserted = insert_task(&mut tx, queue, &insert, task.dependencies)?;
+            if let Ok((_, false, "ready")) = inserted {
+                if delay.is_zero() {
+                    notify(&mut tx, "ready")?;
+                }
+            }
+            tx.commit()?;
+            Ok(inserted)
+        });
+        let (seq, duplicate, status) = match result {
+            Ok(Ok(inserted)) => inserted,
+            Ok(Err(kind)) => return Err(kind),
+            Err(error) => return Err(SubmitErrorKind::Store(error)),
+        };
+        if !duplicate {
+            // Accepted: the payload is the store's now (dropped by the caller, outside locks).
+            drop(task.payload.take());
+            self.count(|t| t.submitted += 1);
+            if status == "ready" {
+                self.wake_fetcher();
+            }
+        }
+        let completion = Completion::new();
+        if status == "cancelled" {
+            let sql = format!(
+                "SELECT {} FROM tasq_tasks WHERE id = $1",
+                Self::OUTCOME_COLUMNS
+            );
+            if let Ok(row) = self.with_conn(|c| c.query_one(&sql, &[&seq])) {
+                completion.publish(self.finished_of_row(&row));
+            }
+        }
+        Ok(Submitted {
+            id: self.id(seq),
+            completion,
+            duplicate,
+        })
+    }
+
+    fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
+        let seq = self.seq(id).ok_or(CancelError::UnknownTask(id))?;
+        let result = self.with_conn(|client| {
+            let mut tx = client.transaction()?;
+            let Some(row) = tx.query_opt(
+                "SELECT status, run_at <= now() FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+                &[&seq],
+            )?
+            else {
+                return Ok(None);
+            };
+            let status: String = row.get(0);
+            let outcome = match status.as_str() {
+                "blocked" | "ready" => {
+                    tx.execute(
+                        "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
+                         finished_at = now() WHERE id = $1",
+                        &[&seq],
+                    )?;
+                    let cascaded = dispatch::cascade(&mut tx, seq, "dependency_cancelled")?;
+                    let mut done = vec![seq];
+                    done.extend(cascaded);
+                    notify(&mut tx, &dispatch::done_payload(&done))?;
+                    CancelOutcome::Cancelled
+                }
+                "running" => {
+                    tx.execute(
+                        "UPDATE tasq_tasks SET cancel_requested = 'requested' WHERE id = $1
+                         AND cancel_requested IS NULL",
+                        &[&seq],
+                    )?;
+                    notify(&mut tx, &format!("cancel:{seq}"))?;
+                    CancelOutcome::Signalled
+                }
+                other => CancelOutcome::AlreadyFinished(rows::state_of(other, true)),
+            };
+            tx.commit()?;
+            Ok(Some(outcome))
+        });
+        match result {
+            Ok(Some(outcome)) => {
+                match outcome {
+                    CancelOutcome::Cancelled => {
+                        self.count(|t| t.cancelled += 1);
+                        self.publish_seq(seq);
+                    }
+                    CancelOutcome::Signalled => self.fire_local(seq),
+                    CancelOutcome::AlreadyFinished(_) => {}
+                }
+                Ok(outcome)
+            }
+            Ok(None) => Err(CancelError::UnknownTask(id)),
+            Err(error) => Err(CancelError::Store(id, error)),
+        }
+    }
+
+    fn status(&self, id: TaskId) -> Option<TaskState> {
+        let seq = self.seq(id)?;
+        let row = self
+            .with_conn(|c| {
+                c.query_opt(
+                    "SELECT status, run_at <= now() FROM tasq_tasks WHERE id = $1",
+                    &[&seq],
+                )
+            })
+            .ok()??;
+        Some(rows::state_of(row.get(0), row.get(1)))
+    }
+
+    fn info(&self, id: TaskId) -> Option<TaskInfo> {
+        let seq = self.seq(id)?;
+        let row = self
+            .with_conn(|c| {
+                c.query_opt(
+                    "SELECT type, status, run_at <= now(), priority, attempts,
+                            EXTRACT(EPOCH FROM run_at - now())::FLOAT8, last_error, resubmitted_as
+                     FROM tasq_tasks WHERE id = $1",
+                    &[&seq],
+                )
+            })
+            .ok()??;
+        let state = rows::state_of(row.get(1), row.get(2));
+        let task_type = self
+            .type_index(row.get(0))
+            .map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
+        let waiting = matches!(
+            state,
+            TaskState::Blocked | TaskState::Scheduled | TaskState::Ready
+        );
+        Some(TaskInfo {
+            id,
+            task_type,
+            state,
+            priority: u8::try_from(row.get::<_, i16>(3)).unwrap_or(0),
+            attempts: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
+            run_at: waiting.then(|| rows::instant_in(row.get(5))),
+            last_error: row.get(6),
+            resubmitted_as: row.get::<_, Option<i64>>(7).map(|s| self.id(s)),
+        })
+    }
+
+    fn watch(&self, id: TaskId, completion: &Arc<Completion>) {
+        if let Some(seq) = self.seq(id) {
+            self.watch_seq(seq, completion);
+        }
+    }
+
+    fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
+        let seq = self.seq(id)?;
+        let sql = format!(
+            "SELECT {} FROM tasq_tasks WHERE id = $1",
+            Self::OUTCOME_COLUMNS
+        );
+        let row = self.with_conn(|c| c.query_opt(&sql, &[&seq])).ok()??;
+        let type_index = self.type_index(row.get("type"))?;
+        let completion = Completion::new();
+        let status: &str = row.get("status");
+        if matches!(status, "succeeded" | "failed" | "cancelled") {
+            completion.publish(self.finished_of_row(&row));
+        }
+        Some((type_index, completion))
+    }
+
+    fn stats(&self) -> Stats {
+        let (workers, running_here, totals) = {
+            let local = self.local.lock();
+            (local.live_workers, local.running.len(), local.totals)
+        };
+        let _ = running_here;
+        let rows = self
+            .with_conn(|c| {
+                c.query(
+                    "SELECT status, priority, run_at <= now(), count(*)::BIGINT,
+                            EXTRACT(EPOCH FROM now() - min(run_at))::FLOAT8,
+                            count(*) FILTER (WHERE dead)::BIGINT
+                     FROM tasq_tasks GROUP BY 1, 2, 3",
+                    &[],
+                )
+            })
+            .unwrap_or_default();
+        let mut stats = Stats::empty(workers, totals);
+        let mut oldest: Option<f64> = None;
+        let mut by_priority: HashMap<u8, usize> = HashMap::new();
+        for row in rows {
+            let n = usize::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+            let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
+            match rows::state_of(row.get(0), row.get(2)) {
+                TaskState::Blocked => stats.blocked += n,
+                TaskState::Scheduled => stats.scheduled += n,
+                TaskState::Ready => {
+                    stats.ready += n;
+                    *by_priority.entry(priority).or_default() += n;
+                    let age: f64 = row.get(4);
+                    oldest = Some(oldest.map_or(age, |o| o.max(age)));
+                }
+                TaskState::Running => stats.running += n,
+                _ => {
+                    let dead = usize::try_from(row.get::<_, i64>(5)).unwrap_or(0);
+                    stats.dead_letters += dead;
+                    stats.retained += n;
+                }
+            }
+        }
+        let mut by_priority: Vec<(u8, usize)> = by_priority.into_iter().collect();
+        by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
+        stats.ready_by_priority = by_priority;
+        stats.oldest_ready = oldest.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        stats
+    }
+
+    fn dead_letters(
+        &self,
+        after: Option<TaskId>,
+        type_index: Option<u32>,
+        limit: usize,
+    ) -> Vec<DeadLetter> {
+        let after = match after {
+            Some(id) => match self.seq(id) {
+                Some(seq) => seq,
+                None => return Vec::new(),
+            },
+            None => 0,
+        };
+        let type_name = type_index.map(|i| self.registry.entry(i).name);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .with_conn(|c| {
+                c.query(
+                    "SELECT id, type, priority, failure_reason, attempts, last_error,
+                            EXTRACT(EPOCH FROM finished_at - now())::FLOAT8
+                     FROM tasq_tasks WHERE dead AND id > $1
+                       AND ($2::TEXT IS NULL OR type = $2)
+                     ORDER BY id LIMIT $3",
+                    &[&after, &type_name, &limit],
+                )
+            })
+            .unwrap_or_default();
+        rows.iter()
+            .map(|row| {
+                let name: String = row.get(1);
+                DeadLetter {
+                    id: self.id(row.get(0)),
+                    task_type: self
+                        .type_index(&name)
+                        .map_or_else(|| leak_name(name), |i| self.registry.entry(i).name),
+                    priority: u8::try_from(row.get::<_, i16>(2)).unwrap_or(0),
+                    failure: rows::failure_of(row.get(3), row.get(4), row.get(5)),
+                    failed_at: rows::instant_in(row.get(6)),
+                }
+            })
+            .collect()
+    }
+
+    fn purge_dead_letter(&self, id: TaskId) -> bool {
+        let Some(seq) = self.seq(id) else {
+            return false;
+        };
+        self.with_conn(|c| {
+            c.execute(
+                "UPDATE tasq_tasks SET dead = false, payload = NULL WHERE id = $1 AND dead",
+                &[&seq],
+            )
+        })
+        .is_ok_and(|n| n == 1)
+    }
+
+    fn resubmit(
+        &self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Result<(TaskId, Arc<Completion>), ResubmitError> {
+        let revived = self.revive(id, type_index, false)?;
+        Ok((revived.id, revived.completion))
+    }
+
+    fn resubmit_with_dependents(
+        &self,
+        id: TaskId,
+        type_index: u32,
+    ) -> Result<Revived, ResubmitError> {
+        self.revive(id, type_index, true)
+    }
+
+    fn take_dead_letter(&self, id: TaskId, type_index: u32) -> Option<Box<dyn Any + Send>> {
+        let seq = self.seq(id)?;
+        let entry = self.registry.entry(type_index);
+        let codec = entry.codec?;
+        let payload: Value = self
+            .with_conn(|c| {
+                c.query_opt(
+                    "WITH old AS (
+                         SELECT id, payload FROM tasq_tasks
+                         WHERE id = $1 AND dead AND type = $2 FOR UPDATE
+                     )
+                     UPDATE tasq_tasks t SET dead = false, payload = NULL
+                     FROM old WHERE t.id = old.id RETURNING old.payload",
+                    &[&seq, &entry.name],
+                )
+            })
+            .ok()??
+            .get(0);
+        unwind::catch(|| (codec.decode_payload)(payload)).ok()?.ok()
+    }
+
+    fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
+        self.poll_until(deadline, |store| {
+            store.local.lock().queue.is_empty()
+                && store
+                    .with_conn(|c| {
+                        c.query_one(
+                            "SELECT count(*) FROM tasq_tasks WHERE status = 'running'
+                             OR (status = 'ready' AND run_at <= now())",
+                            &[],
+                        )
+                    })
+                    .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+        })
+    }
+
+    fn wait_empty(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
+        self.poll_until(deadline, |store| {
+            store
+                .with_conn(|c| {
+                    c.query_one(
+                        "SELECT count(*) FROM tasq_tasks
+                         WHERE status IN ('blocked', 'ready', 'running')",
+                        &[],
+                    )
+                })
+                .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+        })
+    }
+
+    fn deadline_after(&self, timeout: Duration) -> Option<Instant> {
+        self.clock.now().checked_add(timeout)
+    }
+
+    fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained {
+        let mut local = self.local.lock();
+        let before = local.totals;
+        local.closed = true;
+        if from_handler {
+            local.handlers_in_shutdown += 1;
+        }
+        let given_back: Vec<Claim> = local.queue.drain(..).collect();
+        local.free += given_back.len();
+        self.work_cv.notify_all();
+        self.fetch_cv.notify_all();
+        drop(local);
+        self.give_back(given_back);
+        let mut local = self.local.lock();
+        let mut deadline_reached = false;
+        while local.running.len() > local.handlers_in_shutdown {
+            if deadline.is_some_and(|d| self.clock.now() >= d) {
+                deadline_reached = true;
+                break;
+            }
+            self.clock.wait_until(&self.done_cv, &mut local, deadline);
+        }
+        local.stopping = true;
+        let interrupted: Vec<(TaskId, &'static str)> = local
+            .running
+            .iter()
+            .map(|(seq, held)| (self.id(*seq), self.registry.entry(held.type_index).name))
+            .collect();
+        for held in local.running.values() {
+            held.token.cancel();
+        }
+        self.work_cv.notify_all();
+        self.fetch_cv.notify_all();
+        Drained {
+            deadline_reached,
+            before,
+            interrupted,
+        }
+    }
+
+    fn wait_for_workers(&self, from_handler: bool) -> Totals {
+        let mut local = self.local.lock();
+        while local.live_workers > local.handlers_in_shutdown {
+            self.done_cv.wait(&mut local);
+        }
+        if from_handler {
+            local.handlers_in_shutdown -= 1;
+            self.done_cv.notify_all();
+        }
+        let totals = local.totals;
+        drop(local);
+        self.join_threads();
+        totals
+    }
+
+    fn stop_now(&self) {
+        let given_back: Vec<Claim> = {
+            let mut local = self.local.lock();
+            local.closed = true;
+            local.stopping = true;
+            for held in local.running.values() {
+                held.token.cancel();
+            }
+            self.work_cv.notify_all();
+            self.fetch_cv.notify_all();
+            self.done_cv.notify_all();
+            local.queue.drain(..).collect()
+        };
+        self.give_back(given_back);
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
+        dispatch::check_invariants(self)
+    }
+
+    fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
+        drop(spare);
+        let mut local = self.local.lock();
+        loop {
+            if local.stopping {
+                return None;
+            }
+            if let Some(claim) = local.queue.pop_front() {
+                return Some(claim);
+            }
+            if local.closed {
+                return None;
+            }
+            local.idle += 1;
+            self.work_cv.wait(&mut local);
+            local.idle -= 1;
+        }
+    }
+
+    fn complete_and_claim(
+        &self,
+        claim: Claim,
+        outcome: RunOutcome,
+        token: CancelToken,
+    ) -> Option<Claim> {
+        drop(token);
+        self.complete(claim, outcome);
+        self.claim(None)
+    }
+
+    fn worker_panicked(&self, held: Option<TaskId>, message: String) {
+        self.count(|t| t.worker_panics += 1);
+        let Some(seq) = held.and_then(|id| self.seq(id)) else {
+            return;
+        };
+        let lease = self.local.lock().running.get(&seq).map(|h| h.lease);
+        if let Some(lease) = lease {
+            let failure =
+                crate::task::Failure::new(crate::task::FailureReason::Panicked, 0, message, None);
+            self.finish(seq, lease, dispatch::Ending::Failed(failure));
+        }
+    }
+
+    fn worker_exited(&self) {
+        let mut local = self.local.lock();
+        local.live_workers -= 1;
+        self.done_cv.notify_all();
+    }
+}
+
+impl PgStore {
+    /// Blocks until `done` holds, polling; `None` deadline waits as long as it takes.
+    fn poll_until(
+        &self,
+        deadline: Option<Instant>,
+        done: impl Fn(&PgStore) -> bool,
+    ) -> Result<(), WaitError> {
+        let mut delay = Duration::from_millis(2);
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| self.clock.now() >= d) {
+                return Err(WaitError::TimedOut);
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Publishes a row that became terminal to local waiters (nothing if it is not terminal).
+    fn publish_seq(&self, seq: i64) {
+        if !self.waiters.lock().contains_key(&seq) {
+            return;
+        }
+        let sql = format!(
+            "SELECT {} FROM tasq_tasks WHERE id = $1
+             AND status IN ('succeeded', 'failed', 'cancelled')",
+            Self::OUTCOME_COLUMNS
+        );
+        if let Ok(Some(row)) = self.with_conn(|c| c.query_opt(&sql, &[&seq])) {
+            self.publish_row(seq, &row);
+        }
+    }
+
+    /// Gives back the leases of claims that never started: their rows go back to `ready`, the
+    /// attempt not counted. Their payloads are dropped here, outside the lock.
+    fn give_back(&self, claims: Vec<Claim>) {
+        if claims.is_empty() {
+            return;
+        }
+        let leases: Vec<i64> = claims.iter().filter_map(|c| c.lease).collect();
+        let _ = self.with_conn(|c| {
+            c.execute(
+                "UPDATE tasq_tasks SET status = 'ready', lease_id = NULL, lease_until = NULL,
+                        attempts = attempts - 1
+                 WHERE lease_id = ANY($1) AND status = 'running'",
+                &[&leases],
+            )
+        });
+        let _ = self.with_conn(|c| notify(c, "ready"));
+        for claim in claims {
+            unwind::drop_quietly(claim.payload);
+        }
+    }
+
+    /// Resubmits dead letter `id` (and, with `dependents`, the dependents its failure
+    /// cancelled) as new rows, in one transaction.
+    fn revive(
+        &self,
+        id: TaskId,
+        type_index: u32,
+        dependents: bool,
+    ) -> Result<Revived, ResubmitError> {
+        let seq = self.seq(id).ok_or(ResubmitError::UnknownTask(id))?;
+        if self.is_closed() {
+            return Err(ResubmitError::ShutDown);
+        }
+        let entry = self.registry.entry(type_index);
+        let (type_name, max_attempts) = (
+            entry.name,
+            i32::try_from(entry.max_attempts).unwrap_or(i32::MAX),
+        );
+        let queue = self.queue;
+        let result = self.with_conn(|client| {
+            let mut tx = client.transaction()?;
+            let revived =
+                dispatch::revive(&mut tx, queue, seq, type_name, max_attempts, dependents)?;
+            if revived.is_ok() {
+                notify(&mut tx, "ready")?;
+            }
+            tx.commit()?;
+            Ok(revived)
+        });
+        match result {
+            Ok(Ok((new, brought_back))) => {
+                self.count(|t| t.submitted += 1 + brought_back.len() as u64);
+                self.wake_fetcher();
+                Ok(Revived {
+                    id: self.id(new),
+                    completion: Completion::new(),
+                    dependents: brought_back
+                        .into_iter()
+                        .map(|(old, new)| (self.id(old), self.id(new)))
+                        .collect(),
+                })
+            }
+            Ok(Err(kind)) => Err(kind.into_error(id, |s| self.id(s))),
+            Err(error) => Err(ResubmitError::Store(id, error)),
+        }
+    }
+
+    fn join_threads(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        let me = std::thread::current().id();
+        for thread in threads {
+            if thread.thread().id() != me {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("queue", &self.queue)
+            .field("registry", &self.registry)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}

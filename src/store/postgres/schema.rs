@@ -1,0 +1,129 @@
+//! The durable store's tables, created and upgraded by versioned migrations that ship with the
+//! crate and run only when a program calls [`migrate`](crate::postgres::migrate).
+//!
+//! Each migration runs in its own transaction under a transaction-scoped advisory lock, so
+//! several processes may call `migrate` at once: one applies each step, the others wait for it
+//! and then find nothing left to do.
+
+use postgres::GenericClient;
+
+/// The schema version this crate's store reads and writes.
+pub(crate) const VERSION: i32 = 1;
+
+/// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
+const MIGRATION_LOCK: i64 = 0x7461_7371;
+
+/// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
+const MIGRATIONS: [&str; 1] = [V1];
+
+/// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
+///
+/// * `status` is `blocked` (waiting for dependencies), `ready` (waiting for its `run_at`, or due),
+///   `running`, or terminal: `succeeded`, `failed`, `cancelled`. A ready task whose `run_at` is
+///   in the future is what the pool reports as scheduled.
+/// * `lease_id` is the fencing token of a running task's current claim, from `tasq_lease`:
+///   increasing, so a downstream system can also refuse a token older than the last it saw.
+/// * `dead` marks a dead letter: a failed task kept, with its payload, until it is taken,
+///   resubmitted or purged. Retention deletes other terminal rows once `finished_at` is old.
+/// * `has_dependents` and `watched` keep the common completion to one statement: only a task
+///   that others wait for (edges in `tasq_deps`), or whose handle waits in some process (which
+///   then needs a notification), takes the longer path.
+/// * A key is unique among live and succeeded tasks (the partial unique index): a failed or
+///   cancelled task frees it.
+const V1: &str = "
+CREATE SEQUENCE tasq_lease;
+
+CREATE TABLE tasq_tasks (
+    id               BIGSERIAL PRIMARY KEY,
+    key              TEXT,
+    type             TEXT NOT NULL,
+    payload          JSONB,
+    priority         SMALLINT NOT NULL,
+    status           TEXT NOT NULL CHECK (status IN
+                         ('blocked', 'ready', 'running', 'succeeded', 'failed', 'cancelled')),
+    run_at           TIMESTAMPTZ NOT NULL DEFAULT now(),
+    attempts         INT NOT NULL DEFAULT 0,
+    max_attempts     INT NOT NULL,
+    lease_id         BIGINT,
+    lease_until      TIMESTAMPTZ,
+    last_error       TEXT,
+    pending_deps     INT NOT NULL DEFAULT 0,
+    cancel_requested TEXT,
+    output           JSONB,
+    failure_reason   TEXT,
+    cancel_reason    TEXT,
+    cancel_cause     BIGINT,
+    dead             BOOLEAN NOT NULL DEFAULT false,
+    resubmitted_as   BIGINT,
+    has_dependents   BOOLEAN NOT NULL DEFAULT false,
+    watched          BOOLEAN NOT NULL DEFAULT false,
+    created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    finished_at      TIMESTAMPTZ
+);
+
+CREATE INDEX tasq_dequeue ON tasq_tasks (priority DESC, run_at) WHERE status = 'ready';
+CREATE INDEX tasq_due ON tasq_tasks (run_at) WHERE status = 'ready';
+CREATE INDEX tasq_leases ON tasq_tasks (lease_until) WHERE status = 'running';
+CREATE INDEX tasq_finished ON tasq_tasks (finished_at)
+    WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead;
+CREATE INDEX tasq_dead ON tasq_tasks (id) WHERE dead;
+CREATE UNIQUE INDEX tasq_live_keys ON tasq_tasks (key)
+    WHERE key IS NOT NULL AND status IN ('blocked', 'ready', 'running', 'succeeded');
+
+CREATE TABLE tasq_deps (
+    dependency BIGINT NOT NULL,
+    dependent  BIGINT NOT NULL,
+    PRIMARY KEY (dependency, dependent)
+);
+CREATE INDEX tasq_deps_dependent ON tasq_deps (dependent);
+";
+
+/// Brings the schema to [`VERSION`]; returns the version it found.
+pub(crate) fn migrate(client: &mut impl GenericClient) -> Result<i32, postgres::Error> {
+    let mut found = None;
+    for (step, sql) in (1..).zip(MIGRATIONS) {
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS tasq_schema (
+                 version  INT NOT NULL,
+                 queue_id BIGINT NOT NULL
+             )",
+        )?;
+        let version = current(&mut tx)?;
+        found.get_or_insert(version.unwrap_or(0));
+        if version.unwrap_or(0) >= step {
+            continue;
+        }
+        tx.batch_execute(sql)?;
+        if version.is_none() {
+            // The queue's id: the first half of every task id, the same in every process.
+            tx.execute(
+                "INSERT INTO tasq_schema (version, queue_id)
+                 VALUES ($1, 1 + (random() * 4.6e18)::BIGINT)",
+                &[&step],
+            )?;
+        } else {
+            tx.execute("UPDATE tasq_schema SET version = $1", &[&step])?;
+        }
+        tx.commit()?;
+    }
+    Ok(found.unwrap_or(VERSION))
+}
+
+/// The schema version and queue id, if the schema exists.
+pub(crate) fn read(client: &mut impl GenericClient) -> Result<Option<(i32, i64)>, postgres::Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('tasq_schema') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = client.query_opt("SELECT version, queue_id FROM tasq_schema", &[])?;
+    Ok(row.map(|row| (row.get(0), row.get(1))))
+}
+
+fn current(client: &mut impl GenericClient) -> Result<Option<i32>, postgres::Error> {
+    let row = client.query_opt("SELECT version FROM tasq_schema", &[])?;
+    Ok(row.map(|row| row.get(0)))
+}

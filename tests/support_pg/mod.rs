@@ -1,0 +1,85 @@
+//! How the tests reach PostgreSQL: each test gets its own schema in one database, migrated,
+//! and dropped afterwards, so tests run in parallel without seeing each other's tasks.
+//!
+//! The server: `TASQ_PG_URL` (a key=value connection string) if set, else the local server at
+//! 127.0.0.1:5432 (user postgres, database test) if it answers. Without either, the tests that
+//! need it say so loudly and return; with `TASQ_PG_REQUIRED=1` (as `.ci/run` sets) they fail
+//! instead, so a run that skipped them cannot pass.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use postgres::{Client, NoTls};
+
+const LOCAL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=5";
+
+/// The server's base connection string, if one answers.
+fn base_url() -> Option<&'static str> {
+    static URL: OnceLock<Option<String>> = OnceLock::new();
+    URL.get_or_init(|| {
+        let url = std::env::var("TASQ_PG_URL").unwrap_or_else(|_| LOCAL.to_owned());
+        match Client::connect(&url, NoTls) {
+            Ok(_) => Some(url),
+            Err(error) => {
+                if std::env::var_os("TASQ_PG_REQUIRED").is_some() {
+                    panic!(
+                        "TASQ_PG_REQUIRED is set, but PostgreSQL at {url:?} is unreachable: {error}"
+                    );
+                }
+                eprintln!(
+                    "\n*** SKIPPING the PostgreSQL tests: no server at {url:?} ({error}). Set \
+                     TASQ_PG_URL to a key=value connection string to run them. ***\n"
+                );
+                None
+            }
+        }
+    })
+    .as_deref()
+}
+
+/// A schema of its own for one test, migrated; dropped with its tables when this is dropped.
+pub struct TestDb {
+    pub url: String,
+    schema: String,
+    base: &'static str,
+}
+
+impl TestDb {
+    /// A fresh schema, or `None` (after a loud message) if no server answers.
+    pub fn new() -> Option<TestDb> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = base_url()?;
+        let schema = format!(
+            "tasq_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut client = Client::connect(base, NoTls).expect("connect to PostgreSQL");
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+            ))
+            .expect("create the test schema");
+        let url = format!("{base} options='-c search_path={schema}'");
+        tasq::postgres::migrate(&url).expect("migrate the test schema");
+        Some(TestDb { url, schema, base })
+    }
+
+    /// A client on this test's schema, to look at the rows.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.url, NoTls).expect("connect to PostgreSQL")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Kept for a post-mortem look.
+            return;
+        }
+        if let Ok(mut client) = Client::connect(self.base, NoTls) {
+            let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema));
+        }
+    }
+}
