@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
-use super::dispatch::{cascade, done_payload};
-use super::{PgStore, notify, rows};
+use super::dispatch::{cascade, notify_changes};
+use super::{PgStore, rows};
 use crate::sync::Arc;
 
 /// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
@@ -246,15 +246,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                 }
             }
         }
-        if ready || !done.is_empty() {
-            let mut payload = if ready {
-                "ready".to_owned()
-            } else {
-                String::new()
-            };
-            payload.push_str(&done_payload(&done));
-            notify(&mut tx, payload.trim_start())?;
-        }
+        notify_changes(&mut tx, ready, &done)?;
         tx.commit()?;
         Ok(rows.len())
     })

@@ -379,15 +379,7 @@ fn write_ending_tx(
     if watched && state.is_terminal() {
         done.push(seq);
     }
-    if ready || !done.is_empty() {
-        let mut payload = if ready {
-            "ready".to_owned()
-        } else {
-            String::new()
-        };
-        payload.push_str(&done_payload(&done));
-        notify(tx, payload.trim_start())?;
-    }
+    notify_changes(tx, ready, &done)?;
     Ok(Some(state))
 }
 
@@ -418,6 +410,24 @@ pub(super) fn cascade(
 /// The notification words that name tasks that ended: ` done:<id>` each.
 pub(super) fn done_payload(ids: &[i64]) -> String {
     ids.iter().map(|id| format!(" done:{id}")).collect()
+}
+
+/// Notifies, once, that tasks became ready (`ready`) and that tasks ended (`done`), if any.
+pub(super) fn notify_changes(
+    tx: &mut Transaction<'_>,
+    ready: bool,
+    done: &[i64],
+) -> Result<(), postgres::Error> {
+    if !ready && done.is_empty() {
+        return Ok(());
+    }
+    let mut payload = if ready {
+        "ready".to_owned()
+    } else {
+        String::new()
+    };
+    payload.push_str(&done_payload(done));
+    notify(tx, payload.trim_start())
 }
 
 /// Why a resubmit was refused, before the ids are made.
