@@ -55,6 +55,15 @@ impl Clock {
     }
 
     /// Registers a sleeper to be woken when a manual clock moves; nothing for the system clock.
+    /// How far a manual clock has been advanced; `None` on the system clock.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn manual_offset(&self) -> Option<Duration> {
+        match self {
+            Clock::System => None,
+            Clock::Manual(clock) => Some(clock.now().duration_since(clock.inner.start)),
+        }
+    }
+
     pub(crate) fn register(&self, sleeper: Weak<dyn Wake>) {
         if let Clock::Manual(clock) = self {
             clock.register(sleeper);

@@ -217,8 +217,8 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                      ELSE 'the lease expired before its worker finished (attempt '
                           || t.attempts || ')' END,
                  cancel_reason = CASE WHEN ended.status = 'cancelled' THEN t.cancel_requested END,
-                 finished_at = CASE WHEN ended.status <> 'ready' THEN now() END,
-                 run_at = CASE WHEN ended.status = 'ready' THEN now() ELSE t.run_at END,
+                 finished_at = CASE WHEN ended.status <> 'ready' THEN tasq_now() END,
+                 run_at = CASE WHEN ended.status = 'ready' THEN tasq_now() ELSE t.run_at END,
                  lease_id = NULL, lease_until = NULL
              FROM ended WHERE t.id = ended.id
              RETURNING t.id, t.status, t.has_dependents, t.watched",
@@ -276,7 +276,7 @@ fn retain(store: &PgStore) -> Result<(), String> {
                  ), old AS (
                      (SELECT id FROM finished
                       WHERE $2$2::BIGINT IS NOT NULL
-                        AND finished_at < now() - interval '1 microsecond' * $2::BIGINT
+                        AND finished_at < tasq_now() - interval '1 microsecond' * $2::BIGINT
                       LIMIT 1000)
                      UNION
                      (SELECT id FROM finished ORDER BY finished_at DESC OFFSET $1 LIMIT 1000)

@@ -73,7 +73,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
         c.query(
             "WITH picked AS (
                  SELECT id FROM tasq_tasks
-                 WHERE status = 'ready' AND run_at <= now() AND type = ANY($1)
+                 WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
                  ORDER BY priority DESC, run_at
                  LIMIT $2
                  FOR UPDATE SKIP LOCKED
@@ -264,7 +264,7 @@ impl PgStore {
         // dependents to release (checked on the row's latest version, under its lock).
         let fast = self.with_conn(|c| match ending {
             Ending::Succeeded(output, _) => c.execute(
-                "UPDATE tasq_tasks SET status = 'succeeded', output = $3, finished_at = now(),
+                "UPDATE tasq_tasks SET status = 'succeeded', output = $3, finished_at = tasq_now(),
                         lease_until = NULL
                  WHERE id = $1 AND lease_id = $2 AND status = 'running'
                    AND cancel_requested IS NULL AND NOT has_dependents AND NOT watched",
@@ -272,7 +272,7 @@ impl PgStore {
             ),
             Ending::Retry { delay, error } => c.execute(
                 "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
-                        lease_until = NULL, run_at = now() + interval '1 microsecond' * $4::BIGINT
+                        lease_until = NULL, run_at = tasq_now() + interval '1 microsecond' * $4::BIGINT
                  WHERE id = $1 AND lease_id = $2 AND status = 'running'
                    AND cancel_requested IS NULL",
                 &[&seq, &lease, error, &rows::micros(*delay)],
@@ -319,7 +319,7 @@ fn write_ending_tx(
         (Some(reason), _) => {
             tx.execute(
                 "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = $2,
-                        finished_at = now(), lease_until = NULL
+                        finished_at = tasq_now(), lease_until = NULL
                  WHERE id = $1",
                 &[&seq, &reason],
             )?;
@@ -330,7 +330,7 @@ fn write_ending_tx(
         }
         (None, Ending::Succeeded(output, _)) => {
             tx.execute(
-                "UPDATE tasq_tasks SET status = 'succeeded', output = $2, finished_at = now(),
+                "UPDATE tasq_tasks SET status = 'succeeded', output = $2, finished_at = tasq_now(),
                         lease_until = NULL
                  WHERE id = $1",
                 &[&seq, output],
@@ -341,7 +341,7 @@ fn write_ending_tx(
                             status = CASE WHEN t.pending_deps = 1 THEN 'ready' ELSE 'blocked' END
                      FROM tasq_deps d
                      WHERE d.dependency = $1 AND t.id = d.dependent AND t.status = 'blocked'
-                     RETURNING t.status = 'ready' AND t.run_at <= now()",
+                     RETURNING t.status = 'ready' AND t.run_at <= tasq_now()",
                     &[&seq],
                 )?;
                 ready = released.iter().any(|r| r.get::<_, bool>(0));
@@ -351,7 +351,7 @@ fn write_ending_tx(
         (None, Ending::Retry { delay, error }) => {
             tx.execute(
                 "UPDATE tasq_tasks SET status = 'ready', last_error = $2, lease_id = NULL,
-                        lease_until = NULL, run_at = now() + interval '1 microsecond' * $3::BIGINT
+                        lease_until = NULL, run_at = tasq_now() + interval '1 microsecond' * $3::BIGINT
                  WHERE id = $1",
                 &[&seq, error, &rows::micros(*delay)],
             )?;
@@ -360,7 +360,7 @@ fn write_ending_tx(
         (None, Ending::Failed(failure)) => {
             tx.execute(
                 "UPDATE tasq_tasks SET status = 'failed', dead = true, failure_reason = $2,
-                        last_error = $3, attempts = GREATEST(attempts, $4), finished_at = now(),
+                        last_error = $3, attempts = GREATEST(attempts, $4), finished_at = tasq_now(),
                         lease_until = NULL
                  WHERE id = $1",
                 &[
@@ -399,7 +399,7 @@ pub(super) fn cascade(
          )
          UPDATE tasq_tasks t SET status = 'cancelled',
                 cancel_reason = CASE WHEN doomed.depth = 1 THEN $2 ELSE 'dependency_cancelled' END,
-                cancel_cause = doomed.cause, finished_at = now()
+                cancel_cause = doomed.cause, finished_at = tasq_now()
          FROM doomed WHERE t.id = doomed.id AND t.status = 'blocked'
          RETURNING t.id",
         &[&root, &reason],
@@ -465,7 +465,7 @@ pub(super) fn revive(
     dependents: bool,
 ) -> Result<Result<(i64, Vec<(i64, i64)>), Refusal>, postgres::Error> {
     let Some(row) = tx.query_opt(
-        "SELECT type, payload, priority, key, dead, resubmitted_as, status, run_at <= now()
+        "SELECT type, payload, priority, key, dead, resubmitted_as, status, run_at <= tasq_now()
          FROM tasq_tasks WHERE id = $1 FOR UPDATE",
         &[&seq],
     )?

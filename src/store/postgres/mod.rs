@@ -17,7 +17,12 @@
 //!   handles, returns expired leases to `ready` (the reaper: at-least-once delivery), and deletes
 //!   finished rows past retention.
 //!
-//! Every time in a lease, a `run_at` or an age is the database's `now()`, never a client's clock.
+//! Every time in a lease, a `run_at` or an age comes from the database's clock, never a
+//! client's: leases from `now()`, due times and ages from `tasq_now()`, which is `now()`, or,
+//! for a pool on a [`ManualClock`](crate::ManualClock), the database's time when the pool
+//! started plus how far the clock moved (frozen in between), so tests move a durable pool's
+//! time as they move an embedded one's. Leases stay on real time: they measure whether a
+//! process is alive.
 //!
 //! # Threads and locks
 //!
@@ -150,6 +155,9 @@ pub(crate) struct PgStore {
     lease: Duration,
     poll_interval: Duration,
     retention: Retention,
+    /// With a manual clock: the database's time when the pool started, in microseconds since
+    /// the epoch; `tasq_now()` is that plus how far the clock moved.
+    manual_base_us: Option<i64>,
     /// The names of the types this pool runs (it claims no other).
     types: Vec<String>,
     local: Mutex<Local>,
@@ -202,6 +210,16 @@ impl PgStore {
                 )));
             }
         };
+        let manual_base_us = match clock.manual_offset() {
+            Some(offset) => {
+                let now: i64 = conn
+                    .query_one("SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::BIGINT", &[])
+                    .map_err(|e| store_error(&e))?
+                    .get(0);
+                Some(now - rows::micros(offset))
+            }
+            None => None,
+        };
         drop(conn);
         let types = (0..registry.len())
             .map(|i| registry.entry(i).name.to_owned())
@@ -214,6 +232,7 @@ impl PgStore {
             lease: settings.lease,
             poll_interval: settings.poll_interval,
             retention,
+            manual_base_us,
             types,
             local: Mutex::new(Local {
                 queue: VecDeque::new(),
@@ -234,6 +253,8 @@ impl PgStore {
             clock,
             threads: Mutex::new(Vec::new()),
         });
+        let sleeper: Weak<PgStore> = Arc::downgrade(&store);
+        store.clock.register(sleeper);
         let threads = [
             background::spawn("tasq-pg-fetch", &store, dispatch::fetch_loop),
             background::spawn("tasq-pg-maintain", &store, background::maintain_loop),
@@ -281,6 +302,12 @@ impl PgStore {
         f: impl FnOnce(&mut postgres::Client) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
         let mut conn = self.conn()?;
+        if let (Some(base), Some(offset)) = (self.manual_base_us, self.clock.manual_offset()) {
+            // A manual clock sets `tasq_now()` on this connection (a test's pool only).
+            let now = base.saturating_add(rows::micros(offset));
+            let set = format!("SET tasq.manual_now_us = '{now}'");
+            conn.batch_execute(&set).map_err(|e| e.to_string())?;
+        }
         f(&mut conn).map_err(|e| e.to_string())
     }
 
@@ -473,8 +500,8 @@ fn insert_task(
     let row = tx.query_opt(
         "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
                                  pending_deps, cancel_reason, cancel_cause, finished_at)
-         VALUES ($1, $2, $3, $4, $5, now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
-                 CASE WHEN $5 = 'cancelled' THEN now() END)
+         VALUES ($1, $2, $3, $4, $5, tasq_now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
+                 CASE WHEN $5 = 'cancelled' THEN tasq_now() END)
          ON CONFLICT (key) WHERE key IS NOT NULL
              AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
          RETURNING id",
@@ -632,7 +659,7 @@ impl Store for PgStore {
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
             let Some(row) = tx.query_opt(
-                "SELECT status, run_at <= now() FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+                "SELECT status, run_at <= tasq_now() FROM tasq_tasks WHERE id = $1 FOR UPDATE",
                 &[&seq],
             )?
             else {
@@ -643,7 +670,7 @@ impl Store for PgStore {
                 "blocked" | "ready" => {
                     tx.execute(
                         "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
-                         finished_at = now() WHERE id = $1",
+                         finished_at = tasq_now() WHERE id = $1",
                         &[&seq],
                     )?;
                     let cascaded = dispatch::cascade(&mut tx, seq, "dependency_cancelled")?;
@@ -688,7 +715,7 @@ impl Store for PgStore {
         let row = self
             .with_conn(|c| {
                 c.query_opt(
-                    "SELECT status, run_at <= now() FROM tasq_tasks WHERE id = $1",
+                    "SELECT status, run_at <= tasq_now() FROM tasq_tasks WHERE id = $1",
                     &[&seq],
                 )
             })
@@ -701,8 +728,8 @@ impl Store for PgStore {
         let row = self
             .with_conn(|c| {
                 c.query_opt(
-                    "SELECT type, status, run_at <= now(), priority, attempts,
-                            EXTRACT(EPOCH FROM run_at - now())::FLOAT8, last_error, resubmitted_as
+                    "SELECT type, status, run_at <= tasq_now(), priority, attempts,
+                            EXTRACT(EPOCH FROM run_at - tasq_now())::FLOAT8, last_error, resubmitted_as
                      FROM tasq_tasks WHERE id = $1",
                     &[&seq],
                 )
@@ -712,17 +739,15 @@ impl Store for PgStore {
         let task_type = self
             .type_index(row.get(0))
             .map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
-        let waiting = matches!(
-            state,
-            TaskState::Blocked | TaskState::Scheduled | TaskState::Ready
-        );
+        // As the embedded store: a due time only for a task that waits for one.
+        let waiting = matches!(state, TaskState::Blocked | TaskState::Scheduled);
         Some(TaskInfo {
             id,
             task_type,
             state,
             priority: u8::try_from(row.get::<_, i16>(3)).unwrap_or(0),
             attempts: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
-            run_at: waiting.then(|| rows::instant_in(row.get(5))),
+            run_at: waiting.then(|| rows::instant_in(self.clock.now(), row.get(5))),
             last_error: row.get(6),
             resubmitted_as: row.get::<_, Option<i64>>(7).map(|s| self.id(s)),
         })
@@ -759,8 +784,8 @@ impl Store for PgStore {
         let rows = self
             .with_conn(|c| {
                 c.query(
-                    "SELECT status, priority, run_at <= now(), count(*)::BIGINT,
-                            EXTRACT(EPOCH FROM now() - min(run_at))::FLOAT8,
+                    "SELECT status, priority, run_at <= tasq_now(), count(*)::BIGINT,
+                            EXTRACT(EPOCH FROM tasq_now() - min(run_at))::FLOAT8,
                             count(*) FILTER (WHERE dead)::BIGINT
                      FROM tasq_tasks GROUP BY 1, 2, 3",
                     &[],
@@ -816,7 +841,7 @@ impl Store for PgStore {
             .with_conn(|c| {
                 c.query(
                     "SELECT id, type, priority, failure_reason, attempts, last_error,
-                            EXTRACT(EPOCH FROM finished_at - now())::FLOAT8
+                            EXTRACT(EPOCH FROM finished_at - tasq_now())::FLOAT8
                      FROM tasq_tasks WHERE dead AND id > $1
                        AND ($2::TEXT IS NULL OR type = $2)
                      ORDER BY id LIMIT $3",
@@ -834,7 +859,7 @@ impl Store for PgStore {
                         .map_or_else(|| leak_name(name), |i| self.registry.entry(i).name),
                     priority: u8::try_from(row.get::<_, i16>(2)).unwrap_or(0),
                     failure: rows::failure_of(row.get(3), row.get(4), row.get(5)),
-                    failed_at: rows::instant_in(row.get(6)),
+                    failed_at: rows::instant_in(self.clock.now(), row.get(6)),
                 }
             })
             .collect()
@@ -898,7 +923,7 @@ impl Store for PgStore {
                     .with_conn(|c| {
                         c.query_one(
                             "SELECT count(*) FROM tasq_tasks WHERE status = 'running'
-                             OR (status = 'ready' AND run_at <= now())",
+                             OR (status = 'ready' AND run_at <= tasq_now())",
                             &[],
                         )
                     })
@@ -1159,6 +1184,13 @@ impl PgStore {
                 let _ = thread.join();
             }
         }
+    }
+}
+
+impl crate::clock::Wake for PgStore {
+    /// A manual clock moved: tasks may have come due.
+    fn wake(&self) {
+        self.wake_fetcher();
     }
 }
 

@@ -78,9 +78,8 @@ fn seq_of(id: TaskId) -> i64 {
     i64::try_from(id.seq()).unwrap_or(i64::MAX)
 }
 
-/// The instant `seconds` from now (negative: in the past), as the database measured it.
-pub(crate) fn instant_in(seconds: f64) -> Instant {
-    let now = Instant::now();
+/// The instant `seconds` after `now` (negative: before), as the database measured it.
+pub(crate) fn instant_in(now: Instant, seconds: f64) -> Instant {
     if !seconds.is_finite() {
         return now;
     }

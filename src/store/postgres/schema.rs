@@ -61,6 +61,16 @@ CREATE TABLE tasq_tasks (
     finished_at      TIMESTAMPTZ
 );
 
+-- The pool's clock: the database's, or a test's manual clock (a session setting holding the
+-- microseconds since the epoch). STABLE and SQL, so the planner inlines it and the claim query
+-- still uses its index.
+CREATE FUNCTION tasq_now() RETURNS TIMESTAMPTZ LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(
+        TIMESTAMPTZ 'epoch' + NULLIF(current_setting('tasq.manual_now_us', true), '')::BIGINT
+                              * interval '1 microsecond',
+        now())
+$$;
+
 CREATE INDEX tasq_dequeue ON tasq_tasks (priority DESC, run_at) WHERE status = 'ready';
 CREATE INDEX tasq_due ON tasq_tasks (run_at) WHERE status = 'ready';
 CREATE INDEX tasq_leases ON tasq_tasks (lease_until) WHERE status = 'running';

@@ -1,0 +1,393 @@
+//! The conformance harness: one test body, run on each store.
+//!
+//! A test written with [`conformance!`] gets a [`TestBuilder`] for the embedded store in
+//! `memory::<name>` and for PostgreSQL in `postgres::<name>` (feature `postgres`; a schema of
+//! its own, see `support_pg`). A `TestBuilder` takes the settings every store shares, and task
+//! types whose payloads and outputs are serde values, so the same body builds either pool.
+//! Payloads cannot carry channels on the durable store: a [`Gate`] is named by a number that its
+//! handler looks up in this process.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tasq::{
+    BuildError, Builder, Context, HandlerError, ManualClock, Outcome, Pool, RetryPolicy,
+    TaskHandle, TaskType, TypeOptions,
+};
+
+#[cfg(feature = "postgres")]
+#[path = "../support_pg/mod.rs"]
+mod support_pg;
+
+/// How long a test waits for something that should happen soon before it fails instead of
+/// hanging. Never slept: only a bound on waits for signals.
+pub const HANG_GUARD: Duration = Duration::from_secs(20);
+
+/// Which store a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    Memory,
+    Postgres,
+}
+
+/// A builder for either store, with the settings they share.
+pub enum TestBuilder {
+    Memory(Builder),
+    #[cfg(feature = "postgres")]
+    Postgres(Builder<tasq::postgres::Postgres>, support_pg::TestDb),
+}
+
+/// Forwards a setting to whichever builder this is.
+macro_rules! forward {
+    ($($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(
+            $(#[$meta])*
+            pub fn $name(self, $($arg: $ty),*) -> Self {
+                match self {
+                    TestBuilder::Memory(b) => TestBuilder::Memory(b.$name($($arg),*)),
+                    #[cfg(feature = "postgres")]
+                    TestBuilder::Postgres(b, db) => TestBuilder::Postgres(b.$name($($arg),*), db),
+                }
+            }
+        )*
+    };
+}
+
+impl TestBuilder {
+    /// A builder on `store`, or `None` if that store cannot run here (no PostgreSQL: the
+    /// support code said so loudly, or failed the test under `TASQ_PG_REQUIRED`).
+    pub fn new(store: Store) -> Option<TestBuilder> {
+        match store {
+            Store::Memory => Some(TestBuilder::Memory(Pool::builder())),
+            #[cfg(feature = "postgres")]
+            Store::Postgres => {
+                let db = support_pg::TestDb::new()?;
+                let builder = Pool::builder()
+                    .postgres(db.url.clone())
+                    // Short leases and polls: tests should not wait for fallbacks long.
+                    .poll_interval(Duration::from_millis(100));
+                Some(TestBuilder::Postgres(builder, db))
+            }
+            #[cfg(not(feature = "postgres"))]
+            Store::Postgres => None,
+        }
+    }
+
+    /// Which store this builds.
+    pub fn store(&self) -> Store {
+        match self {
+            TestBuilder::Memory(_) => Store::Memory,
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(..) => Store::Postgres,
+        }
+    }
+
+    forward! {
+        fn workers(n: usize);
+        fn max_attempts(n: u32);
+        fn retry_policy(policy: RetryPolicy);
+        fn retention(max_count: usize, max_age: Option<Duration>);
+        fn dead_letter_limit(max: usize);
+        fn manual_clock(clock: ManualClock);
+        fn seed(seed: u64);
+        fn quiet_panics(quiet: bool);
+        fn thread_name(name: String);
+    }
+
+    pub fn register<P, O, F>(self, ty: TaskType<P, O>, handler: F) -> Self
+    where
+        P: Serialize + DeserializeOwned + Send + 'static,
+        O: Serialize + DeserializeOwned + Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        self.register_with(ty, TypeOptions::new(), handler)
+    }
+
+    pub fn register_with<P, O, F>(
+        self,
+        ty: TaskType<P, O>,
+        options: TypeOptions,
+        handler: F,
+    ) -> Self
+    where
+        P: Serialize + DeserializeOwned + Send + 'static,
+        O: Serialize + DeserializeOwned + Send + Sync + 'static,
+        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
+    {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b.register_with(ty, options, handler)),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => {
+                TestBuilder::Postgres(b.register_with(ty, options, handler), db)
+            }
+        }
+    }
+
+    /// Registers [`GATE`] and [`PROBE`].
+    pub fn with_gates(self) -> Self {
+        self.register(GATE, gate_handler)
+            .register(PROBE, |_, _: &()| Ok::<_, HandlerError>(()))
+    }
+
+    pub fn try_build(self) -> Result<TestPool, BuildError> {
+        match self {
+            TestBuilder::Memory(b) => Ok(TestPool {
+                pool: Some(b.build()?),
+                store: Store::Memory,
+                #[cfg(feature = "postgres")]
+                db: None,
+            }),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => Ok(TestPool {
+                pool: Some(b.build()?),
+                store: Store::Postgres,
+                db: Some(db),
+            }),
+        }
+    }
+
+    pub fn build(self) -> TestPool {
+        self.try_build().expect("the pool builds")
+    }
+}
+
+/// A pool under test, with the schema it lives in (dropped after the pool).
+pub struct TestPool {
+    pool: Option<Pool>,
+    store: Store,
+    #[cfg(feature = "postgres")]
+    db: Option<support_pg::TestDb>,
+}
+
+impl TestPool {
+    pub fn store(&self) -> Store {
+        self.store
+    }
+
+    /// A client on the pool's own schema (PostgreSQL only), to look at or change the rows.
+    #[cfg(feature = "postgres")]
+    pub fn sql(&self) -> Option<postgres::Client> {
+        self.db.as_ref().map(support_pg::TestDb::client)
+    }
+
+    /// Takes the pool out (to drop it, or move it into a thread); the schema stays until this
+    /// is dropped.
+    pub fn take(&mut self) -> Pool {
+        self.pool.take().expect("the pool is there")
+    }
+}
+
+impl Deref for TestPool {
+    type Target = Pool;
+
+    fn deref(&self) -> &Pool {
+        self.pool.as_ref().expect("the pool is there")
+    }
+}
+
+impl Drop for TestPool {
+    fn drop(&mut self) {
+        // The pool first (its threads use the schema), then the schema.
+        drop(self.pool.take());
+    }
+}
+
+/// Instantiates each test body once per store: `memory::name` and `postgres::name`.
+#[macro_export]
+macro_rules! conformance {
+    ($($(#[$meta:meta])* fn $name:ident($builder:ident) $body:block)*) => {
+        mod memory {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[$meta])*
+                #[test]
+                fn $name() {
+                    let $builder = support_store::TestBuilder::new(support_store::Store::Memory)
+                        .expect("the embedded store always runs");
+                    $body
+                }
+            )*
+        }
+
+        #[cfg(feature = "postgres")]
+        mod postgres {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[$meta])*
+                #[test]
+                fn $name() {
+                    let Some($builder) =
+                        support_store::TestBuilder::new(support_store::Store::Postgres)
+                    else {
+                        return;
+                    };
+                    $body
+                }
+            )*
+        }
+    };
+}
+
+// ===== gates: tasks that hold a worker until the test lets them go =====
+
+/// A task that holds its worker until the test opens its [`Gate`]: its handler says when it has
+/// started, then blocks until the gate opens (or is dropped). The payload is the gate's number.
+pub const GATE: TaskType<u64, ()> = TaskType::new("gate");
+
+/// A task that does nothing: see [`settle`].
+pub const PROBE: TaskType<(), ()> = TaskType::new("probe");
+
+type GateEnds = (Sender<()>, Receiver<()>);
+
+fn gates() -> &'static Mutex<HashMap<u64, GateEnds>> {
+    static GATES: OnceLock<Mutex<HashMap<u64, GateEnds>>> = OnceLock::new();
+    GATES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The handler of [`GATE`].
+pub fn gate_handler(_: &Context, number: &u64) -> Result<(), HandlerError> {
+    let ends = gates().lock().unwrap().get(number).cloned();
+    if let Some((started, open)) = ends {
+        // The test may have stopped listening (it failed): nothing to do about it here.
+        let _ = started.send(());
+        // `Err` means the gate was dropped, which opens it too.
+        let _ = open.recv();
+    }
+    Ok(())
+}
+
+/// The test's side of a gate.
+#[derive(Debug)]
+pub struct Gate {
+    number: u64,
+    started: Receiver<()>,
+    open: Option<Sender<()>>,
+}
+
+impl Gate {
+    /// A new gate; submit `GATE.task(gate.number())`.
+    pub fn new() -> Gate {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let number = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (started_tx, started_rx) = crossbeam_channel::unbounded();
+        let (open_tx, open_rx) = crossbeam_channel::bounded(1);
+        gates()
+            .lock()
+            .unwrap()
+            .insert(number, (started_tx, open_rx));
+        Gate {
+            number,
+            started: started_rx,
+            open: Some(open_tx),
+        }
+    }
+
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// Blocks until the gate's handler runs (so it holds a worker).
+    pub fn wait_started(&self) {
+        self.started
+            .recv_timeout(HANG_GUARD)
+            .expect("the gate task never started");
+    }
+
+    /// Lets the gate's handler return.
+    pub fn open(mut self) {
+        self.release();
+    }
+
+    fn release(&mut self) {
+        if let Some(open) = self.open.take() {
+            let _ = open.send(());
+        }
+        gates().lock().unwrap().remove(&self.number);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Submits a [`PROBE`] and waits for it: with one worker, once it has finished, the worker has
+/// also finished whatever it was doing before.
+pub fn settle(pool: &Pool) {
+    let probe = pool.submit(PROBE.task(())).expect("submit a probe");
+    assert!(finish(&probe).is_succeeded(), "the probe did not succeed");
+}
+
+/// Waits for a task's outcome, failing the test instead of hanging.
+pub fn finish<O: Clone + 'static>(handle: &TaskHandle<O>) -> Outcome<O> {
+    handle
+        .wait_timeout(HANG_GUARD)
+        .unwrap_or_else(|| panic!("{} did not finish", handle.id()))
+}
+
+// ===== signals: a handler tells the test something, by number =====
+
+type SignalEnd = Sender<()>;
+
+fn signals() -> &'static Mutex<HashMap<u64, SignalEnd>> {
+    static SIGNALS: OnceLock<Mutex<HashMap<u64, SignalEnd>>> = OnceLock::new();
+    SIGNALS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The test's end of a signal that a handler raises with [`raise`]: a payload carries its
+/// number, so it works on the durable store too.
+#[derive(Debug)]
+pub struct Signal {
+    number: u64,
+    raised: Receiver<()>,
+}
+
+impl Signal {
+    pub fn new() -> Signal {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let number = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        signals().lock().unwrap().insert(number, tx);
+        Signal { number, raised: rx }
+    }
+
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// Blocks until the signal is raised (once more), failing the test instead of hanging.
+    pub fn wait(&self, what: &str) {
+        self.raised
+            .recv_timeout(HANG_GUARD)
+            .unwrap_or_else(|_| panic!("{what} never happened"));
+    }
+
+    /// Whether it was raised (once more) already, without waiting.
+    pub fn try_wait(&self) -> bool {
+        self.raised.try_recv().is_ok()
+    }
+}
+
+impl Drop for Signal {
+    fn drop(&mut self) {
+        signals().lock().unwrap().remove(&self.number);
+    }
+}
+
+/// Raises signal `number` (from a handler); nothing if the test dropped it.
+pub fn raise(number: u64) {
+    let sender = signals().lock().unwrap().get(&number).cloned();
+    if let Some(sender) = sender {
+        let _ = sender.send(());
+    }
+}
