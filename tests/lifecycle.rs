@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use support_store::{
-    GATE, Gate, HANG_GUARD, Signal, Store, TestBuilder, TestPool, finish, raise, settle,
-};
+use support_store::{GATE, Gate, HANG_GUARD, Signal, TestBuilder, TestPool, finish, raise, settle};
 use tasq::{
     CancelOutcome, CancelReason, FailureReason, HandlerError, ManualClock, Outcome, RetryPolicy,
     TaskState, TaskType,
