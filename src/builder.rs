@@ -436,6 +436,7 @@ impl Builder<crate::postgres::Postgres> {
 pub(crate) struct Checked<S> {
     pub(crate) clock: Clock,
     pub(crate) retention: Retention,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) store: S,
 }
 

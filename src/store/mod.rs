@@ -47,6 +47,7 @@ pub(crate) trait PayloadSlot {
     fn take(&mut self) -> Box<dyn Any + Send>;
 
     /// The payload, still in place (a durable store serializes it from here).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn peek(&self) -> &(dyn Any + Send);
 }
 
