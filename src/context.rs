@@ -41,6 +41,7 @@ pub struct Context<'a> {
     max_attempts: u32,
     task_type: &'static str,
     token: CancelToken,
+    lease: Option<i64>,
     pool: &'a Arc<dyn Store>,
 }
 
@@ -51,6 +52,7 @@ impl<'a> Context<'a> {
         max_attempts: u32,
         task_type: &'static str,
         token: CancelToken,
+        lease: Option<i64>,
         pool: &'a Arc<dyn Store>,
     ) -> Self {
         Context {
@@ -59,6 +61,7 @@ impl<'a> Context<'a> {
             max_attempts,
             task_type,
             token,
+            lease,
             pool,
         }
     }
@@ -237,6 +240,26 @@ impl<'a> Context<'a> {
     #[must_use]
     pub fn id(&self) -> TaskId {
         self.id
+    }
+
+    /// The fencing token of this run, on the durable store: the id of the lease under which
+    /// this worker holds the task, from a database sequence, so a later claim of any task has a
+    /// larger one. Every write the pool makes about the task checks it; a handler can fence its
+    /// own writes with it too (store it beside what it writes, and refuse a write whose token is
+    /// smaller than the one stored). `None` on the embedded store, where a task has no lease.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), Option<i64>> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |ctx, _: &()| Ok::<_, HandlerError>(ctx.lease_id())).build()?;
+    /// assert_eq!(pool.submit(JOB.task(()))?.wait().succeeded(), Some(None));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn lease_id(&self) -> Option<i64> {
+        self.lease
     }
 
     /// Which attempt this is: 1 for the first run, 2 for the first retry, and so on.

@@ -149,6 +149,7 @@ fn run<S: Store, R: Rng>(
             entry.max_attempts,
             entry.name,
             claim.token.clone(),
+            claim.lease,
             pool,
         );
         let outcome = {
