@@ -114,6 +114,52 @@ impl Pool {
         crate::submit::submit(&self.store, task)
     }
 
+    /// Submits many tasks of one type at once: under one lock on the embedded store, in one
+    /// transaction (and, for tasks without a key or dependencies, one statement) on the durable
+    /// store. Either every task is accepted or none is. The handles come back in the order of
+    /// `tasks`; a task whose idempotency key another task holds (before the batch, or earlier in
+    /// it) is that task, as with [`submit`](Pool::submit).
+    ///
+    /// # Errors
+    ///
+    /// As [`submit`](Pool::submit), for the first task that cannot be accepted; the error hands
+    /// back its index and every task of the batch. A key held by a task of another type earlier
+    /// in the same batch is a [`KeyConflict`](crate::SubmitErrorKind::KeyConflict) naming the id
+    /// that task would have had.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, SubmitErrorKind, TaskId, TaskType};
+    ///
+    /// const SQUARE: TaskType<u64, u64> = TaskType::new("square");
+    /// let pool = Pool::builder().workers(2).register(SQUARE, |_, n: &u64| Ok::<_, HandlerError>(n * n)).build()?;
+    /// let handles = pool.submit_batch((1..=4).map(|n| SQUARE.task(n)).collect())?;
+    /// let squares: Vec<u64> = handles.iter().filter_map(|h| h.wait().succeeded()).collect();
+    /// assert_eq!(squares, [1, 4, 9, 16]);
+    ///
+    /// let unknown = TaskId::from_parts(pool.id(), 1_000);
+    /// let refused = pool
+    ///     .submit_batch(vec![SQUARE.task(5), SQUARE.task(6).after([unknown])])
+    ///     .unwrap_err();
+    /// assert_eq!(refused.kind(), &SubmitErrorKind::UnknownDependency(unknown));
+    /// let (index, tasks) = refused.into_task();
+    /// assert_eq!((index, tasks.len()), (1, 2));
+    /// assert_eq!(pool.stats().totals.submitted, 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[allow(clippy::type_complexity)]
+    pub fn submit_batch<P, O>(
+        &self,
+        tasks: Vec<Task<P, O>>,
+    ) -> Result<Vec<TaskHandle<O>>, SubmitError<(usize, Vec<Task<P, O>>)>>
+    where
+        P: Send + 'static,
+        O: Send + Sync + 'static,
+    {
+        crate::submit::submit_batch(&self.store, tasks)
+    }
+
     /// Cancels a task. One that has not started (blocked, scheduled, ready, or waiting to retry)
     /// ends [`Cancelled`](TaskState::Cancelled) at once and never runs; its dependents are
     /// cancelled too. A running one has its [`CancelToken`](crate::CancelToken) fired and ends

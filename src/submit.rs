@@ -84,3 +84,88 @@ pub(crate) fn handle<P: 'static, O: 'static>(
     let (index, completion) = store.completion_of(id)?;
     (index == type_index).then(|| TaskHandle::new(id, completion, Arc::downgrade(store), false))
 }
+
+/// See [`Pool::submit_batch`](crate::Pool::submit_batch).
+#[allow(clippy::type_complexity)]
+pub(crate) fn submit_batch<P, O>(
+    store: &Arc<dyn Store>,
+    tasks: Vec<Task<P, O>>,
+) -> Result<Vec<TaskHandle<O>>, SubmitError<(usize, Vec<Task<P, O>>)>>
+where
+    P: Send + 'static,
+    O: Send + Sync + 'static,
+{
+    if store.is_closed() {
+        return Err(SubmitError::new(SubmitErrorKind::ShutDown, (0, tasks)));
+    }
+    // The tasks share payload and output types, not always their type.
+    let mut type_indexes = Vec::with_capacity(tasks.len());
+    for (index, task) in tasks.iter().enumerate() {
+        match store.registry().type_index(task.ty) {
+            Ok(type_index) => type_indexes.push(type_index),
+            Err(kind) => return Err(SubmitError::new(kind, (index, tasks))),
+        }
+    }
+    let mut payloads = Vec::with_capacity(tasks.len());
+    let mut rest = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let Task {
+            ty,
+            payload,
+            priority,
+            start,
+            dependencies,
+            key,
+        } = task;
+        payloads.push(Some(payload));
+        rest.push((ty, priority, start, dependencies, key));
+    }
+    let mut batch: Vec<Submission<'_>> = payloads
+        .iter_mut()
+        .zip(&rest)
+        .zip(type_indexes)
+        .map(
+            |((payload, (_, priority, start, dependencies, key)), type_index)| Submission {
+                type_index,
+                priority: *priority,
+                start: *start,
+                dependencies,
+                key: key.as_deref(),
+                payload,
+            },
+        )
+        .collect();
+    let submitted = store.submit_batch(&mut batch);
+    drop(batch);
+    match submitted {
+        Ok(submitted) => {
+            // Duplicates' payloads and the dependencies' handles go here, outside any lock.
+            payloads
+                .into_iter()
+                .flatten()
+                .for_each(unwind::drop_quietly);
+            rest.into_iter()
+                .flat_map(|(_, _, _, dependencies, _)| dependencies)
+                .for_each(unwind::drop_quietly);
+            Ok(submitted
+                .into_iter()
+                .map(|s| TaskHandle::new(s.id, s.completion, Arc::downgrade(store), s.duplicate))
+                .collect())
+        }
+        Err((index, kind)) => {
+            let tasks = payloads
+                .into_iter()
+                .zip(rest)
+                .map(|(payload, (ty, priority, start, dependencies, key))| Task {
+                    ty,
+                    payload: payload.expect("a refused batch keeps its payloads"),
+                    priority,
+                    start,
+                    dependencies,
+                    key,
+                })
+                .collect();
+            Err(SubmitError::new(kind, (index, tasks)))
+        }
+    }
+}

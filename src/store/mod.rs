@@ -134,6 +134,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     /// Accepts a task, or says why not (the submission keeps its payload then).
     fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind>;
 
+    /// Accepts every task of `batch`, or none: the index of the first refused task and why.
+    /// Tasks whose key another task holds (before the batch, or earlier in it) are that task.
+    fn submit_batch(
+        &self,
+        batch: &mut [Submission<'_>],
+    ) -> Result<Vec<Submitted>, (usize, SubmitErrorKind)>;
+
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError>;
 
     fn status(&self, id: TaskId) -> Option<TaskState>;

@@ -305,6 +305,13 @@ impl Store for MemoryStore {
         self.submit_task(task)
     }
 
+    fn submit_batch(
+        &self,
+        batch: &mut [Submission<'_>],
+    ) -> Result<Vec<Submitted>, (usize, SubmitErrorKind)> {
+        self.submit_tasks(batch)
+    }
+
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         self.transition(|state, now, effects| {
             state.cancel(id, CancelReason::Requested, now, effects)

@@ -276,6 +276,11 @@ impl State {
         self.records.get(&seq).map(|record| (seq, record))
     }
 
+    /// The id the next accepted task gets.
+    pub(crate) fn next_id(&self) -> TaskId {
+        self.id(self.next_id)
+    }
+
     /// The live or succeeded task holding `key` (invariant 8), and its type.
     pub(crate) fn find_key(&self, key: &str) -> Option<(TaskId, u32, Arc<Completion>)> {
         let seq = *self.keys.get(key)?;

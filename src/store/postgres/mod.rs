@@ -545,6 +545,54 @@ fn insert_task(
     Ok(Ok((id, false, status)))
 }
 
+/// Inserts a batch in `tx`: the tasks without a key or dependencies in one statement, the
+/// others one by one, in order. The first refusal refuses the batch (the caller rolls back).
+#[allow(clippy::type_complexity)]
+fn insert_batch(
+    tx: &mut postgres::Transaction<'_>,
+    queue: u64,
+    inserts: &[Insert<'_>],
+    batch: &[Submission<'_>],
+) -> Result<Result<Vec<(i64, bool, &'static str)>, (usize, SubmitErrorKind)>, postgres::Error> {
+    let plain: Vec<usize> = (0..inserts.len())
+        .filter(|&i| inserts[i].key.is_none() && batch[i].dependencies.is_empty())
+        .collect();
+    let mut inserted = vec![(0, false, "ready"); inserts.len()];
+    if !plain.is_empty() {
+        let column = |f: &dyn Fn(&Insert<'_>) -> Value| -> Vec<Value> {
+            plain.iter().map(|&i| f(&inserts[i])).collect()
+        };
+        let types: Vec<&str> = plain.iter().map(|&i| inserts[i].type_name).collect();
+        let payloads = column(&|t| t.payload.clone());
+        let priorities: Vec<i16> = plain.iter().map(|&i| inserts[i].priority).collect();
+        let delays: Vec<i64> = plain.iter().map(|&i| inserts[i].delay_us).collect();
+        let attempts: Vec<i32> = plain.iter().map(|&i| inserts[i].max_attempts).collect();
+        // ids come from the sequence in the select's order, so sorted ids follow the batch.
+        let rows = tx.query(
+            "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts)
+             SELECT t.type, t.payload, t.priority, 'ready',
+                    tasq_now() + interval '1 microsecond' * t.delay, t.max_attempts
+             FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[])
+                  WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, n)
+             ORDER BY t.n
+             RETURNING id",
+            &[&types, &payloads, &priorities, &delays, &attempts],
+        )?;
+        let mut ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+        ids.sort_unstable();
+        for (&index, id) in plain.iter().zip(ids) {
+            inserted[index] = (id, false, "ready");
+        }
+    }
+    for index in (0..inserts.len()).filter(|i| !plain.contains(i)) {
+        match insert_task(tx, queue, &inserts[index], batch[index].dependencies)? {
+            Ok(row) => inserted[index] = row,
+            Err(kind) => return Ok(Err((index, kind))),
+        }
+    }
+    Ok(Ok(inserted))
+}
+
 /// A type name read from the database, as the `&'static str` the error types carry: the
 /// registered name if there is one, else leaked (once per distinct name seen in an error).
 fn leak_name(name: String) -> &'static str {
@@ -584,74 +632,71 @@ impl Store for PgStore {
     }
 
     fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
-        let entry = self.registry.entry(task.type_index);
-        let codec = entry.codec.expect("durable types have codecs");
-        let delay = match task.start {
-            Start::Now => Duration::ZERO,
-            Start::After(delay) => delay,
-            Start::At(at) => at.saturating_duration_since(self.clock.now()),
-        };
-        if delay > Duration::from_secs(100 * 365 * 24 * 3600) {
-            return Err(SubmitErrorKind::TimeOverflow);
-        }
-        // The payload's `Serialize` is user code.
-        let payload = match unwind::catch(|| (codec.encode_payload)(task.payload.peek())) {
-            Ok(Ok(value)) => value,
-            Ok(Err(error)) => return Err(SubmitErrorKind::Unserializable(error)),
-            Err(panic) => {
-                return Err(SubmitErrorKind::Unserializable(format!(
-                    "its Serialize panicked: {panic}"
-                )));
-            }
-        };
-        let insert = Insert {
-            type_name: entry.name,
-            payload: &payload,
-            priority: i16::from(task.priority),
-            delay_us: rows::micros(delay),
-            max_attempts: i32::try_from(entry.max_attempts).unwrap_or(i32::MAX),
-            key: task.key,
-        };
+        let (payload, delay) = self.prepare(&task)?;
+        let insert = self.insert_parts(task.type_index, task.priority, task.key, &payload, delay);
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
             let inserted = insert_task(&mut tx, queue, &insert, task.dependencies)?;
-            if let Ok((_, false, "ready")) = inserted {
-                if delay.is_zero() {
-                    notify(&mut tx, "ready")?;
-                }
+            match inserted {
+                Ok((_, false, "ready")) if delay.is_zero() => notify(&mut tx, "ready")?,
+                Ok(_) => {}
+                // Refused: nothing of it is kept (dropping the transaction rolls it back).
+                Err(_) => return Ok(inserted),
             }
             tx.commit()?;
             Ok(inserted)
         });
-        let (seq, duplicate, status) = match result {
-            Ok(Ok(inserted)) => inserted,
-            Ok(Err(kind)) => return Err(kind),
-            Err(error) => return Err(SubmitErrorKind::Store(error)),
-        };
-        if !duplicate {
-            // Accepted: the payload is the store's now (dropped by the caller, outside locks).
-            drop(task.payload.take());
-            self.count(|t| t.submitted += 1);
-            if status == "ready" {
-                self.wake_fetcher();
-            }
+        match result {
+            Ok(Ok(inserted)) => Ok(self.accepted(&[inserted]).remove(0)),
+            Ok(Err(kind)) => Err(kind),
+            Err(error) => Err(SubmitErrorKind::Store(error)),
         }
-        let completion = Completion::new();
-        if status == "cancelled" {
-            let sql = format!(
-                "SELECT {} FROM tasq_tasks WHERE id = $1",
-                Self::OUTCOME_COLUMNS
-            );
-            if let Ok(row) = self.with_conn(|c| c.query_one(&sql, &[&seq])) {
-                completion.publish(self.finished_of_row(&row));
-            }
+    }
+
+    fn submit_batch(
+        &self,
+        batch: &mut [Submission<'_>],
+    ) -> Result<Vec<Submitted>, (usize, SubmitErrorKind)> {
+        if self.is_closed() {
+            return Err((0, SubmitErrorKind::ShutDown));
         }
-        Ok(Submitted {
-            id: self.id(seq),
-            completion,
-            duplicate,
-        })
+        let mut prepared = Vec::with_capacity(batch.len());
+        for (index, task) in batch.iter().enumerate() {
+            prepared.push(self.prepare(task).map_err(|kind| (index, kind))?);
+        }
+        let inserts: Vec<Insert<'_>> = batch
+            .iter()
+            .zip(&prepared)
+            .map(|(task, (payload, delay))| {
+                self.insert_parts(task.type_index, task.priority, task.key, payload, *delay)
+            })
+            .collect();
+        let queue = self.queue;
+        let result = self.with_conn(|client| {
+            let mut tx = client.transaction()?;
+            let inserted = insert_batch(&mut tx, queue, &inserts, batch)?;
+            let Ok(rows) = &inserted else {
+                // Refused: nothing of it is kept (dropping the transaction rolls it back).
+                return Ok(inserted);
+            };
+            let ready_now =
+                rows.iter()
+                    .zip(&prepared)
+                    .any(|(&(_, duplicate, status), (_, delay))| {
+                        !duplicate && status == "ready" && delay.is_zero()
+                    });
+            if ready_now {
+                notify(&mut tx, "ready")?;
+            }
+            tx.commit()?;
+            Ok(inserted)
+        });
+        match result {
+            Ok(Ok(inserted)) => Ok(self.accepted(&inserted)),
+            Ok(Err(refused)) => Err(refused),
+            Err(error) => Err((0, SubmitErrorKind::Store(error))),
+        }
     }
 
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
@@ -1075,6 +1120,89 @@ impl Store for PgStore {
 }
 
 impl PgStore {
+    /// A submission's payload as JSON (its `Serialize` is user code, run inside
+    /// `catch_unwind`), and its delay.
+    fn prepare(&self, task: &Submission<'_>) -> Result<(Value, Duration), SubmitErrorKind> {
+        let codec = self
+            .registry
+            .entry(task.type_index)
+            .codec
+            .expect("durable types have codecs");
+        let delay = match task.start {
+            Start::Now => Duration::ZERO,
+            Start::After(delay) => delay,
+            Start::At(at) => at.saturating_duration_since(self.clock.now()),
+        };
+        if delay > Duration::from_secs(100 * 365 * 24 * 3600) {
+            return Err(SubmitErrorKind::TimeOverflow);
+        }
+        match unwind::catch(|| (codec.encode_payload)(task.payload.peek())) {
+            Ok(Ok(value)) => Ok((value, delay)),
+            Ok(Err(error)) => Err(SubmitErrorKind::Unserializable(error)),
+            Err(panic) => Err(SubmitErrorKind::Unserializable(format!(
+                "its Serialize panicked: {panic}"
+            ))),
+        }
+    }
+
+    fn insert_parts<'a>(
+        &self,
+        type_index: u32,
+        priority: u8,
+        key: Option<&'a str>,
+        payload: &'a Value,
+        delay: Duration,
+    ) -> Insert<'a> {
+        let entry = self.registry.entry(type_index);
+        Insert {
+            type_name: entry.name,
+            payload,
+            priority: i16::from(priority),
+            delay_us: rows::micros(delay),
+            max_attempts: i32::try_from(entry.max_attempts).unwrap_or(i32::MAX),
+            key,
+        }
+    }
+
+    /// What the caller gets for rows a submit inserted (or found by their keys). The payloads
+    /// stay in their slots: the caller drops them, outside any lock.
+    fn accepted(&self, inserted: &[(i64, bool, &'static str)]) -> Vec<Submitted> {
+        let added = inserted
+            .iter()
+            .filter(|(_, duplicate, _)| !duplicate)
+            .count();
+        if added > 0 {
+            self.count(|t| t.submitted += added as u64);
+        }
+        if inserted
+            .iter()
+            .any(|&(_, dup, status)| !dup && status == "ready")
+        {
+            self.wake_fetcher();
+        }
+        inserted
+            .iter()
+            .map(|&(seq, duplicate, status)| {
+                let completion = Completion::new();
+                if status == "cancelled" {
+                    // Cancelled at once by a failed or cancelled dependency.
+                    let sql = format!(
+                        "SELECT {} FROM tasq_tasks WHERE id = $1",
+                        Self::OUTCOME_COLUMNS
+                    );
+                    if let Ok(row) = self.with_conn(|c| c.query_one(&sql, &[&seq])) {
+                        completion.publish(self.finished_of_row(&row));
+                    }
+                }
+                Submitted {
+                    id: self.id(seq),
+                    completion,
+                    duplicate,
+                }
+            })
+            .collect()
+    }
+
     /// Blocks until `done` holds, polling; `None` deadline waits as long as it takes.
     fn poll_until(
         &self,
