@@ -262,6 +262,55 @@ impl<'a> Context<'a> {
         self.lease
     }
 
+    /// Ends this task as succeeded with `output` inside the handler's own PostgreSQL
+    /// transaction (feature `postgres`), so the handler's side effect and the task's success
+    /// commit together, or neither does: the answer to "the side effect was done, but the ack
+    /// was lost". Fenced by this run's lease: `Ok(false)` means the lease is lost (another
+    /// worker owns the task now; roll back), or the pool is not durable. After it returns
+    /// `Ok(true)`, commit, then return `Ok` with the same output; if the transaction rolls back
+    /// instead, the pool records whatever the handler returns, as usual.
+    ///
+    /// # Errors
+    ///
+    /// The database's error; the transaction is then as it was before the call.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const CHARGE: TaskType<i64, i64> = TaskType::new("charge");
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// let pool = Pool::builder()
+    ///     .postgres(url)
+    ///     .register(CHARGE, move |ctx, cents: &i64| {
+    ///         let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(HandlerError::retryable)?;
+    ///         let mut tx = client.transaction().map_err(HandlerError::retryable)?;
+    ///         tx.execute("INSERT INTO charges (cents) VALUES ($1)", &[cents]).map_err(HandlerError::retryable)?;
+    ///         if !ctx.succeed_in(&mut tx, cents).map_err(HandlerError::retryable)? {
+    ///             return Err(HandlerError::permanent("lease lost: another worker has this task"));
+    ///         }
+    ///         tx.commit().map_err(HandlerError::retryable)?;
+    ///         Ok(*cents)
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn succeed_in<O: serde::Serialize>(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        output: &O,
+    ) -> Result<bool, postgres::Error> {
+        let Some(lease) = self.lease else {
+            return Ok(false);
+        };
+        // The output's `Serialize` is user code, run on the handler's own thread.
+        let Ok(output) = serde_json::to_value(output) else {
+            return Ok(false);
+        };
+        self.pool.succeed_in(tx, self.id, lease, output)
+    }
+
     /// Which attempt this is: 1 for the first run, 2 for the first retry, and so on.
     ///
     /// # Examples

@@ -164,6 +164,9 @@ pub enum SubmitErrorKind {
     /// added.
     #[error("the store failed: {0}")]
     Store(String),
+    /// Only a durable pool can do this (submit inside a database transaction).
+    #[error("only a pool on the durable store can submit inside a transaction")]
+    NotDurable,
 }
 
 /// Why a cancel could not be carried out.

@@ -160,6 +160,49 @@ impl Pool {
         crate::submit::submit_batch(&self.store, tasks)
     }
 
+    /// Submits a task inside the caller's open PostgreSQL transaction (feature `postgres`): the
+    /// task exists only if that transaction commits, so a program's own write and the task it
+    /// causes commit together, or neither does. The transaction must be on the pool's database
+    /// and schema. Returns the task's id; get a handle with [`handle`](Pool::handle) once the
+    /// transaction has committed (a rolled-back task never existed: nothing would end a wait on
+    /// it). A task whose key another task holds is not added: that task's id is returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit`](Pool::submit); [`NotDurable`](crate::SubmitErrorKind::NotDurable) on an
+    /// embedded pool. A refusal leaves the caller's transaction as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const WELCOME: TaskType<String, ()> = TaskType::new("welcome");
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// let pool = Pool::builder()
+    ///     .postgres(url)
+    ///     .register(WELCOME, |_, _: &String| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    /// let mut tx = client.transaction()?;
+    /// tx.execute("INSERT INTO users (email) VALUES ($1)", &[&"ann@example.com"])?;
+    /// let id = pool.submit_in(&mut tx, WELCOME.task("ann@example.com".into()))?;
+    /// tx.commit()?;
+    /// pool.handle(WELCOME, id).unwrap().wait();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn submit_in<P, O>(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        task: Task<P, O>,
+    ) -> Result<TaskId, SubmitError<Task<P, O>>>
+    where
+        P: Send + 'static,
+        O: Send + Sync + 'static,
+    {
+        crate::submit::submit_in(&self.store, tx, task)
+    }
+
     /// Cancels a task. One that has not started (blocked, scheduled, ready, or waiting to retry)
     /// ends [`Cancelled`](TaskState::Cancelled) at once and never runs; its dependents are
     /// cancelled too. A running one has its [`CancelToken`](crate::CancelToken) fired and ends

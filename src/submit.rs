@@ -169,3 +169,61 @@ where
         }
     }
 }
+
+/// See [`Pool::submit_in`](crate::Pool::submit_in).
+#[cfg(feature = "postgres")]
+pub(crate) fn submit_in<P, O>(
+    store: &Arc<dyn Store>,
+    tx: &mut postgres::Transaction<'_>,
+    task: Task<P, O>,
+) -> Result<TaskId, SubmitError<Task<P, O>>>
+where
+    P: Send + 'static,
+    O: Send + Sync + 'static,
+{
+    let type_index = match store.registry().type_index(task.ty) {
+        Ok(index) => index,
+        Err(kind) => return Err(SubmitError::new(kind, task)),
+    };
+    let Task {
+        ty,
+        payload,
+        priority,
+        start,
+        dependencies,
+        key,
+    } = task;
+    let mut payload = Some(payload);
+    let submitted = store.submit_in(
+        tx,
+        Submission {
+            type_index,
+            priority,
+            start,
+            dependencies: &dependencies,
+            key: key.as_deref(),
+            payload: &mut payload,
+        },
+    );
+    match submitted {
+        Ok(id) => {
+            unwind::drop_quietly(payload);
+            if !dependencies.is_empty() {
+                dependencies.into_iter().for_each(unwind::drop_quietly);
+            }
+            Ok(id)
+        }
+        Err(kind) => {
+            let payload = payload.expect("a refused task keeps its payload");
+            let task = Task {
+                ty,
+                payload,
+                priority,
+                start,
+                dependencies,
+                key,
+            };
+            Err(SubmitError::new(kind, task))
+        }
+    }
+}

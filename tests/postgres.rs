@@ -39,3 +39,135 @@ fn a_durable_task_runs_and_its_output_comes_back() {
     assert_eq!(report.succeeded, 1);
     pool.check_invariants().unwrap();
 }
+
+const NOTE: TaskType<String, ()> = TaskType::new("note");
+
+/// A task submitted inside the caller's transaction exists only if that transaction commits;
+/// a refused submit leaves the transaction usable.
+#[test]
+fn a_task_submitted_in_a_transaction_exists_only_if_it_commits() {
+    let Some(db) = TestDb::new() else { return };
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(NOTE, |_, _: &String| Ok::<_, HandlerError>(()))
+        .build()
+        .unwrap();
+    let mut client = db.client();
+    client
+        .batch_execute("CREATE TABLE notes (text TEXT NOT NULL)")
+        .unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    tx.execute("INSERT INTO notes VALUES ('rolled back')", &[])
+        .unwrap();
+    let gone = pool
+        .submit_in(&mut tx, NOTE.task("rolled back".into()))
+        .unwrap();
+    tx.rollback().unwrap();
+    assert_eq!(pool.status(gone), None, "a rolled-back task never existed");
+
+    let mut tx = client.transaction().unwrap();
+    tx.execute("INSERT INTO notes VALUES ('kept')", &[])
+        .unwrap();
+    let unknown = tasq::TaskId::from_parts(pool.id(), 999_999);
+    let refused = pool
+        .submit_in(&mut tx, NOTE.task("refused".into()).after([unknown]))
+        .unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        &tasq::SubmitErrorKind::UnknownDependency(unknown)
+    );
+    let kept = pool.submit_in(&mut tx, NOTE.task("kept".into())).unwrap();
+    tx.commit().unwrap();
+    let handle = pool.handle(NOTE, kept).expect("committed");
+    assert_eq!(
+        handle.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(()))
+    );
+    let notes: Vec<String> = client
+        .query("SELECT text FROM notes", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(notes, ["kept"]);
+    assert_eq!(pool.stats().totals.succeeded, 1);
+    pool.check_invariants().unwrap();
+}
+
+const CHARGE: TaskType<i64, i64> = TaskType::new("charge");
+
+/// A handler that ends its task inside its own transaction: the side effect and the success
+/// commit together; with the lease lost, `succeed_in` says so and the handler rolls back.
+#[test]
+fn a_handler_succeeds_in_its_own_transaction_fenced_by_its_lease() {
+    let Some(db) = TestDb::new() else { return };
+    db.client()
+        .batch_execute("CREATE TABLE charges (task BIGINT NOT NULL, cents BIGINT NOT NULL)")
+        .unwrap();
+    let url = db.url.clone();
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(CHARGE, move |ctx, cents: &i64| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls)
+                .map_err(HandlerError::retryable)?;
+            if *cents < 0 {
+                // Another worker took the task over: this lease is stale.
+                client
+                    .execute(
+                        "UPDATE tasq_tasks SET lease_id = lease_id + 1000000 WHERE id = $1",
+                        &[&(ctx.id().seq() as i64)],
+                    )
+                    .map_err(HandlerError::retryable)?;
+            }
+            let mut tx = client.transaction().map_err(HandlerError::retryable)?;
+            tx.execute(
+                "INSERT INTO charges VALUES ($1, $2)",
+                &[&(ctx.id().seq() as i64), cents],
+            )
+            .map_err(HandlerError::retryable)?;
+            if !ctx
+                .succeed_in(&mut tx, cents)
+                .map_err(HandlerError::retryable)?
+            {
+                return Err(HandlerError::permanent("the lease is lost"));
+            }
+            tx.commit().map_err(HandlerError::retryable)?;
+            Ok(*cents)
+        })
+        .build()
+        .unwrap();
+    let paid = pool.submit(CHARGE.task(250)).unwrap();
+    assert_eq!(
+        paid.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(250))
+    );
+    let stale = pool.submit(CHARGE.task(-1)).unwrap();
+    // The stale run's ending is fenced off too: the task stays running under the other lease
+    // until that lease expires; the wait times out.
+    assert_eq!(stale.wait_timeout(Duration::from_millis(500)), None);
+
+    let mut client = db.client();
+    let charges: Vec<(i64, i64)> = client
+        .query("SELECT task, cents FROM charges ORDER BY task", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        charges,
+        [(paid.id().seq() as i64, 250)],
+        "one charge, committed once"
+    );
+    let row = client
+        .query_one(
+            "SELECT status, output FROM tasq_tasks WHERE id = $1",
+            &[&(paid.id().seq() as i64)],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, &str>(0), "succeeded");
+    assert_eq!(row.get::<_, serde_json::Value>(1), serde_json::json!(250));
+    assert_eq!(pool.stats().totals.succeeded, 1);
+}

@@ -236,4 +236,32 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// A worker's loop ended (or a worker never started).
     fn worker_exited(&self);
+
+    // ===== the durable store's own =====
+
+    /// Adds a task inside the caller's open transaction: it exists only if that transaction
+    /// commits. Only the durable store can.
+    #[cfg(feature = "postgres")]
+    fn submit_in(
+        &self,
+        tx: &mut ::postgres::Transaction<'_>,
+        task: Submission<'_>,
+    ) -> Result<TaskId, SubmitErrorKind> {
+        let _ = (tx, task);
+        Err(SubmitErrorKind::NotDurable)
+    }
+
+    /// Ends task `id`, leased as `lease`, as succeeded with `output`, inside the handler's own
+    /// transaction; `false` if the lease is lost (or the store has no leases).
+    #[cfg(feature = "postgres")]
+    fn succeed_in(
+        &self,
+        tx: &mut ::postgres::Transaction<'_>,
+        id: TaskId,
+        lease: i64,
+        output: serde_json::Value,
+    ) -> Result<bool, ::postgres::Error> {
+        let _ = (tx, id, lease, output);
+        Ok(false)
+    }
 }

@@ -296,7 +296,7 @@ impl PgStore {
 
 /// The general ending, in a transaction: fenced by the lease, a cancel asked for wins over the
 /// handler's result, and dependents are released or cancelled in the same transaction.
-fn write_ending_tx(
+pub(super) fn write_ending_tx(
     tx: &mut Transaction<'_>,
     seq: i64,
     lease: i64,
@@ -308,7 +308,14 @@ fn write_ending_tx(
         &[&seq, &lease],
     )?
     else {
-        return Ok(None);
+        // Not running under this lease any more: lost, unless the handler ended it itself, in
+        // its own transaction (`Context::succeed_in`), which keeps the lease on the row.
+        let ended = tx.query_opt(
+            "SELECT status FROM tasq_tasks WHERE id = $1 AND lease_id = $2
+             AND status IN ('succeeded', 'failed', 'cancelled')",
+            &[&seq, &lease],
+        )?;
+        return Ok(ended.map(|row| rows::state_of(row.get(0), true)));
     };
     let cancel: Option<String> = row.get(0);
     let has_dependents: bool = row.get(1);

@@ -699,6 +699,50 @@ impl Store for PgStore {
         }
     }
 
+    fn submit_in(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        task: Submission<'_>,
+    ) -> Result<TaskId, SubmitErrorKind> {
+        if self.is_closed() {
+            return Err(SubmitErrorKind::ShutDown);
+        }
+        let (payload, delay) = self.prepare(&task)?;
+        let insert = self.insert_parts(task.type_index, task.priority, task.key, &payload, delay);
+        // A savepoint: a refusal leaves the caller's transaction as it was.
+        let mut savepoint = tx
+            .savepoint("tasq_submit")
+            .map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+        let inserted = insert_task(&mut savepoint, self.queue, &insert, task.dependencies)
+            .map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+        let (seq, duplicate, status) = inserted?;
+        if !duplicate && status == "ready" && delay.is_zero() {
+            // Delivered when (and if) the caller commits.
+            notify(&mut savepoint, "ready").map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+        }
+        savepoint
+            .commit()
+            .map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+        Ok(self.id(seq))
+    }
+
+    fn succeed_in(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        id: TaskId,
+        lease: i64,
+        output: Value,
+    ) -> Result<bool, postgres::Error> {
+        let Some(seq) = self.seq(id) else {
+            return Ok(false);
+        };
+        let mut savepoint = tx.savepoint("tasq_succeed")?;
+        let ending = dispatch::Ending::Succeeded(output, Box::new(()));
+        let written = dispatch::write_ending_tx(&mut savepoint, seq, lease, &ending)?;
+        savepoint.commit()?;
+        Ok(written == Some(TaskState::Succeeded))
+    }
+
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         let seq = self.seq(id).ok_or(CancelError::UnknownTask(id))?;
         let result = self.with_conn(|client| {
