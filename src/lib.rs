@@ -84,6 +84,9 @@ pub use builder::{Builder, Embedded, TypeOptions};
 #[cfg(feature = "postgres")]
 pub mod postgres {
     pub use crate::store::postgres::{Postgres, SCHEMA_VERSION, migrate};
+
+    #[doc(hidden)]
+    pub use crate::store::postgres::testing;
 }
 pub use cancel::{CancelToken, Cancelled};
 pub use clock::ManualClock;

@@ -65,28 +65,31 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
     }
 }
 
+/// The claim: up to `$2` ready, due rows of the types `$1`, highest priority first, oldest due
+/// first, each leased for `$3` microseconds of the database's time. The rows are picked in a
+/// CTE, not in `WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`: with that form,
+/// PostgreSQL may run the subquery more than once and claim more than n rows (bug #15715).
+/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting.
+pub(crate) const CLAIM: &str = "
+    WITH picked AS (
+        SELECT id FROM tasq_tasks
+        WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
+        ORDER BY priority DESC, run_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE tasq_tasks t
+    SET status = 'running', lease_id = nextval('tasq_lease'),
+        lease_until = now() + interval '1 microsecond' * $3::BIGINT,
+        attempts = t.attempts + 1
+    FROM picked WHERE t.id = picked.id
+    RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at";
+
 /// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
 fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
     let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
     let lease_us = rows::micros(store.lease);
-    let rows = store.with_conn(|c| {
-        c.query(
-            "WITH picked AS (
-                 SELECT id FROM tasq_tasks
-                 WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
-                 ORDER BY priority DESC, run_at
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED
-             )
-             UPDATE tasq_tasks t
-             SET status = 'running', lease_id = nextval('tasq_lease'),
-                 lease_until = now() + interval '1 microsecond' * $3::BIGINT,
-                 attempts = t.attempts + 1
-             FROM picked WHERE t.id = picked.id
-             RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at",
-            &[&store.types, &limit, &lease_us],
-        )
-    })?;
+    let rows = store.with_conn(|c| c.query(CLAIM, &[&store.types, &limit, &lease_us]))?;
     let mut claimed: Vec<(i16, std::time::SystemTime, Claim)> = Vec::with_capacity(rows.len());
     let mut bad = Vec::new();
     for row in &rows {
@@ -126,7 +129,8 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
     let count = claimed.len() + bad.len();
     {
         let mut local = store.local.lock();
-        local.free -= count;
+        // The claim never takes more than asked for (the CTE; tested against the server).
+        local.free = local.free.saturating_sub(count);
         for (_, _, claim) in claimed {
             let seq = rows::local_seq(store.queue, claim.id).unwrap_or(0);
             local.running.insert(

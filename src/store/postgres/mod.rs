@@ -119,6 +119,25 @@ pub fn migrate(url: &str) -> Result<i32, postgres::Error> {
     schema::migrate(&mut client)
 }
 
+/// For the crate's own tests and benchmarks: the store's statements, run as the store runs them.
+#[doc(hidden)]
+pub mod testing {
+    /// The store's claim statement (see `dispatch::CLAIM`).
+    pub const CLAIM: &str = super::dispatch::CLAIM;
+
+    /// Runs the store's claim: up to `limit` ready, due tasks of `types`, each leased for
+    /// `lease_us` microseconds. Returns (row id, lease id) of each.
+    pub fn claim(
+        client: &mut postgres::Client,
+        types: &[String],
+        limit: i64,
+        lease_us: i64,
+    ) -> Result<Vec<(i64, i64)>, postgres::Error> {
+        let rows = client.query(CLAIM, &[&types, &limit, &lease_us])?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(4))).collect())
+    }
+}
+
 /// A claimed task's lease as its pool holds it.
 struct Held {
     lease: i64,

@@ -72,7 +72,6 @@ CREATE FUNCTION tasq_now() RETURNS TIMESTAMPTZ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE INDEX tasq_dequeue ON tasq_tasks (priority DESC, run_at) WHERE status = 'ready';
-CREATE INDEX tasq_due ON tasq_tasks (run_at) WHERE status = 'ready';
 CREATE INDEX tasq_leases ON tasq_tasks (lease_until) WHERE status = 'running';
 CREATE INDEX tasq_finished ON tasq_tasks (finished_at)
     WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead;
