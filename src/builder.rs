@@ -251,7 +251,7 @@ impl Builder<Embedded> {
     /// assert!(matches!(twice, Err(BuildError::DuplicateType("job"))));
     /// ```
     pub fn build(self) -> Result<Pool, BuildError> {
-        let (registry, threads, rest) = self.check()?;
+        let (registry, threads, rest) = self.check(false)?;
         let store = MemoryStore::start(
             registry,
             rest.clock,
@@ -411,7 +411,9 @@ impl Builder<crate::postgres::Postgres> {
     ///
     /// # Errors
     ///
-    /// As [`Builder::build`], and [`BuildError::Store`] if the database cannot be reached or
+    /// As [`Builder::build`], except that zero workers is allowed: a pool that only submits
+    /// tasks and waits for them, which pools in other processes run. And
+    /// [`BuildError::Store`] if the database cannot be reached or
     /// its schema is not this crate's (run [`postgres::migrate`](crate::postgres::migrate)), or
     /// [`BuildError::NotDurable`] for a type registered before [`Builder::postgres`].
     ///
@@ -419,7 +421,7 @@ impl Builder<crate::postgres::Postgres> {
     ///
     /// See [`Builder::postgres`].
     pub fn build(self) -> Result<Pool, BuildError> {
-        let (registry, threads, rest) = self.check()?;
+        let (registry, threads, rest) = self.check(true)?;
         let store = crate::store::postgres::PgStore::start(
             registry,
             rest.store,
@@ -451,9 +453,13 @@ impl<S> Builder<S> {
 
     /// Checks the settings shared by every store: the registry, the worker threads, and the
     /// rest for the store to start with.
-    pub(crate) fn check(self) -> Result<(Registry, worker::Threads, Checked<S>), BuildError> {
+    /// `producer_only`: zero workers is allowed (a durable pool that only submits and waits).
+    pub(crate) fn check(
+        self,
+        producer_only: bool,
+    ) -> Result<(Registry, worker::Threads, Checked<S>), BuildError> {
         let workers = match self.workers {
-            Some(0) => return Err(BuildError::ZeroWorkers),
+            Some(0) if !producer_only => return Err(BuildError::ZeroWorkers),
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };

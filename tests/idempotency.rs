@@ -1,154 +1,47 @@
 //! Idempotency keys: concurrent submits of one key make one task; a key matches only live and
 //! succeeded tasks (a failed or cancelled one frees it), and a succeeded one's key is free again
 //! once retention has forgotten the task; a deduplicated submit says so; a resubmitted dead
-//! letter takes its key back.
+//! letter takes its key back. On both stores.
 
-mod support_a;
+mod support_store;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
-use support_a::{GATE, finish, gate, gate_handler};
-use tasq::{HandlerError, Outcome, Pool, TaskState, TaskType};
+use support_store::{GATE, Gate, TestBuilder, TestPool, finish, settle_retention};
+use tasq::{HandlerError, Outcome, TaskState, TaskType};
 
 /// Counts its runs; returns the payload and the run number.
 const CHARGE: TaskType<u32, (u32, usize)> = TaskType::new("charge");
 
-fn pool(workers: usize, retention: Option<usize>) -> (Pool, Arc<AtomicUsize>) {
+fn pool(
+    builder: TestBuilder,
+    workers: usize,
+    retention: Option<usize>,
+) -> (TestPool, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&runs);
-    let mut builder = Pool::builder()
-        .workers(workers)
-        .register(GATE, gate_handler)
-        .register(CHARGE, move |_, &cents: &u32| {
-            let run = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            Ok::<_, HandlerError>((cents, run))
-        });
+    let mut builder =
+        builder
+            .workers(workers)
+            .with_gates()
+            .register(CHARGE, move |_, &cents: &u32| {
+                let run = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                Ok::<_, HandlerError>((cents, run))
+            });
     if let Some(max_count) = retention {
         builder = builder.retention(max_count, None);
     }
-    (builder.build().expect("build the pool"), runs)
-}
-
-#[test]
-fn sixteen_threads_submitting_one_key_at_once_make_one_task() {
-    const THREADS: usize = 16;
-    let (pool, runs) = pool(1, None);
-    let pool = Arc::new(pool);
-    // Hold the worker, so the task cannot start, let alone finish, while the submits race.
-    let (gate, gate_task) = gate();
-    let _ = pool.submit(GATE.task(gate_task)).unwrap();
-    gate.wait_started();
-
-    let start = Arc::new(Barrier::new(THREADS));
-    let submitters: Vec<_> = (0..THREADS)
-        .map(|i| {
-            let pool = Arc::clone(&pool);
-            let start = Arc::clone(&start);
-            std::thread::spawn(move || {
-                start.wait();
-                // Each thread offers its own payload: only the first submit's may run.
-                pool.submit(CHARGE.task(500 + i as u32).key("order-17"))
-                    .expect("submit")
-            })
-        })
-        .collect();
-    let handles: Vec<_> = submitters.into_iter().map(|t| t.join().unwrap()).collect();
-
-    let id = handles[0].id();
-    assert!(handles.iter().all(|h| h.id() == id), "one task for one key");
-    assert_eq!(pool.stats().totals.submitted, 2, "the gate and one charge");
-    assert_eq!(pool.stats().ready, 1);
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-
-    gate.open();
-    let outcomes: Vec<_> = handles.iter().map(finish).collect();
-    let Outcome::Succeeded((cents, 1)) = outcomes[0] else {
-        panic!("unexpected {:?}", outcomes[0]);
-    };
-    assert!((500..500 + THREADS as u32).contains(&cents));
-    assert!(outcomes.iter().all(|o| *o == outcomes[0]), "{outcomes:?}");
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the handler ran exactly once"
-    );
-}
-
-#[test]
-fn a_remembered_key_keeps_returning_its_finished_task() {
-    let (pool, runs) = pool(1, None);
-    let first = pool.submit(CHARGE.task(100).key("k")).unwrap();
-    assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
-
-    assert!(!first.is_duplicate());
-    let again = pool.submit(CHARGE.task(999).key("k")).unwrap();
-    assert_eq!(again.id(), first.id());
-    assert!(again.is_duplicate() && again.clone().is_duplicate());
-    assert!(again.is_finished());
-    assert_eq!(finish(&again), Outcome::Succeeded((100, 1)));
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(pool.stats().totals.submitted, 1);
-}
-
-#[test]
-fn a_key_is_reusable_once_retention_forgot_its_task() {
-    let (pool, runs) = pool(1, Some(0));
-    let first = pool.submit(CHARGE.task(100).key("k")).unwrap();
-    assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
-    assert_eq!(pool.status(first.id()), None, "retention 0 forgets at once");
-
-    let second = pool.submit(CHARGE.task(200).key("k")).unwrap();
-    assert_ne!(second.id(), first.id());
-    assert_eq!(finish(&second), Outcome::Succeeded((200, 2)));
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    // The forgotten task's handle still has its outcome.
-    assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
-}
-
-#[test]
-fn a_key_stays_taken_until_its_task_is_the_oldest_beyond_retention() {
-    let (pool, runs) = pool(1, Some(1));
-    let keyed = pool.submit(CHARGE.task(1).key("k")).unwrap();
-    finish(&keyed);
-    // Still remembered (one record kept): deduplicated.
-    assert_eq!(
-        pool.submit(CHARGE.task(2).key("k")).unwrap().id(),
-        keyed.id()
-    );
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-
-    // Another task finishing pushes the keyed one out.
-    finish(&pool.submit(CHARGE.task(3)).unwrap());
-    assert_eq!(pool.status(keyed.id()), None);
-    let fresh = pool.submit(CHARGE.task(4).key("k")).unwrap();
-    assert_ne!(fresh.id(), keyed.id());
-    assert_eq!(finish(&fresh), Outcome::Succeeded((4, 3)));
-}
-
-#[test]
-fn a_key_of_an_unfinished_task_is_deduplicated_whatever_its_state() {
-    let (pool, runs) = pool(1, Some(0));
-    let (gate, gate_task) = gate();
-    let _ = pool.submit(GATE.task(gate_task)).unwrap();
-    gate.wait_started();
-    // Ready, behind the gate: retention 0 does not touch unfinished tasks.
-    let queued = pool.submit(CHARGE.task(1).key("k")).unwrap();
-    assert_eq!(queued.status(), TaskState::Ready);
-    let again = pool.submit(CHARGE.task(2).key("k")).unwrap();
-    assert_eq!(again.id(), queued.id());
-    gate.open();
-    assert_eq!(finish(&again), Outcome::Succeeded((1, 1)));
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    (builder.build(), runs)
 }
 
 /// Fails (permanently) for payload 0, succeeds otherwise.
 const PICKY: TaskType<u32, u32> = TaskType::new("picky");
 
-fn picky_pool() -> Pool {
-    Pool::builder()
+fn picky_pool(builder: TestBuilder) -> TestPool {
+    builder
         .workers(1)
-        .register(GATE, gate_handler)
+        .with_gates()
         .register(PICKY, |_, n: &u32| {
             if *n == 0 {
                 Err(HandlerError::permanent("zero"))
@@ -157,69 +50,179 @@ fn picky_pool() -> Pool {
             }
         })
         .build()
-        .unwrap()
 }
 
-#[test]
-fn a_failed_or_cancelled_task_frees_its_key() {
-    let pool = picky_pool();
-    let failed = pool.submit(PICKY.task(0).key("k")).unwrap();
-    assert!(finish(&failed).is_failed());
-    // A program can run the key again after a failure, with another payload.
-    let retry = pool.submit(PICKY.task(5).key("k")).unwrap();
-    assert!(!retry.is_duplicate());
-    assert_ne!(retry.id(), failed.id());
-    assert_eq!(finish(&retry), Outcome::Succeeded(5));
+conformance! {
+    fn sixteen_threads_submitting_one_key_at_once_make_one_task(builder) {
+        const THREADS: usize = 16;
+        let (pool, runs) = pool(builder, 1, None);
+        // Hold the worker, so the task cannot start, let alone finish, while the submits race.
+        let gate = Gate::new();
+        let _ = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
 
-    let cancelled = pool
-        .submit(
-            PICKY
-                .task(6)
-                .key("c")
-                .delay(std::time::Duration::from_secs(3600)),
-        )
-        .unwrap();
-    cancelled.cancel().unwrap();
-    let again = pool.submit(PICKY.task(7).key("c")).unwrap();
-    assert!(!again.is_duplicate());
-    assert_eq!(finish(&again), Outcome::Succeeded(7));
-    pool.check_invariants().unwrap();
-}
+        let start = Barrier::new(THREADS);
+        let handles: Vec<_> = std::thread::scope(|scope| {
+            let submitters: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let (pool, start) = (&pool, &start);
+                    scope.spawn(move || {
+                        start.wait();
+                        // Each thread offers its own payload: only the first submit's may run.
+                        pool.submit(CHARGE.task(500 + i as u32).key("order-17"))
+                            .expect("submit")
+                    })
+                })
+                .collect();
+            submitters.into_iter().map(|t| t.join().unwrap()).collect()
+        });
 
-#[test]
-fn a_resubmitted_dead_letter_takes_its_key_back_unless_another_task_holds_it() {
-    let pool = picky_pool();
-    let failed = pool.submit(PICKY.task(0).key("k")).unwrap();
-    assert!(finish(&failed).is_failed());
-    // Hold the worker, so the resubmitted task waits, ready, holding the key.
-    let (gate, gate_task) = gate();
-    let _ = pool.submit(GATE.task(gate_task)).unwrap();
-    gate.wait_started();
-    let resubmitted = pool.resubmit(PICKY, failed.id()).unwrap();
-    let dup = pool.submit(PICKY.task(9).key("k")).unwrap();
-    assert!(dup.is_duplicate(), "the resubmitted task holds the key");
-    assert_eq!(dup.id(), resubmitted.id());
-    gate.open();
-    // Payload 0 fails again, and frees the key.
-    assert!(finish(&resubmitted).is_failed());
+        let id = handles[0].id();
+        assert!(handles.iter().all(|h| h.id() == id), "one task for one key");
+        assert_eq!(pool.stats().totals.submitted, 2, "the gate and one charge");
+        assert_eq!(pool.stats().ready, 1);
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
 
-    // Another task takes the key: resubmitting the new dead letter is refused, not run keyless.
-    let holder = pool
-        .submit(
-            PICKY
-                .task(3)
-                .key("k")
-                .delay(std::time::Duration::from_secs(3600)),
-        )
-        .unwrap();
-    assert!(!holder.is_duplicate());
-    assert_eq!(
-        pool.resubmit(PICKY, resubmitted.id()).err(),
-        Some(tasq::ResubmitError::KeyTaken(resubmitted.id(), holder.id()))
-    );
-    // Once the holder is gone, the dead letter can run again with its key.
-    holder.cancel().unwrap();
-    let again = pool.resubmit(PICKY, resubmitted.id()).unwrap();
-    assert!(finish(&again).is_failed());
-    pool.check_invariants().unwrap();
+        gate.open();
+        let outcomes: Vec<_> = handles.iter().map(finish).collect();
+        let Outcome::Succeeded((cents, 1)) = outcomes[0] else {
+            panic!("unexpected {:?}", outcomes[0]);
+        };
+        assert!((500..500 + THREADS as u32).contains(&cents));
+        assert!(outcomes.iter().all(|o| *o == outcomes[0]), "{outcomes:?}");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "the handler ran exactly once"
+        );
+    }
+
+    fn a_remembered_key_keeps_returning_its_finished_task(builder) {
+        let (pool, runs) = pool(builder, 1, None);
+        let first = pool.submit(CHARGE.task(100).key("k")).unwrap();
+        assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
+
+        assert!(!first.is_duplicate());
+        let again = pool.submit(CHARGE.task(999).key("k")).unwrap();
+        assert_eq!(again.id(), first.id());
+        assert!(again.is_duplicate() && again.clone().is_duplicate());
+        assert!(again.is_finished());
+        assert_eq!(finish(&again), Outcome::Succeeded((100, 1)));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.stats().totals.submitted, 1);
+    }
+
+    fn a_key_is_reusable_once_retention_forgot_its_task(builder) {
+        let (pool, runs) = pool(builder, 1, Some(0));
+        let first = pool.submit(CHARGE.task(100).key("k")).unwrap();
+        assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
+        settle_retention(&pool);
+        assert_eq!(pool.status(first.id()), None, "retention 0 forgets at once");
+
+        let second = pool.submit(CHARGE.task(200).key("k")).unwrap();
+        assert_ne!(second.id(), first.id());
+        assert_eq!(finish(&second), Outcome::Succeeded((200, 2)));
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        // The forgotten task's handle still has its outcome.
+        assert_eq!(finish(&first), Outcome::Succeeded((100, 1)));
+    }
+
+    fn a_key_stays_taken_until_its_task_is_the_oldest_beyond_retention(builder) {
+        let (pool, runs) = pool(builder, 1, Some(1));
+        let keyed = pool.submit(CHARGE.task(1).key("k")).unwrap();
+        finish(&keyed);
+        settle_retention(&pool);
+        // Still remembered (one record kept): deduplicated.
+        assert_eq!(
+            pool.submit(CHARGE.task(2).key("k")).unwrap().id(),
+            keyed.id()
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        // Another task finishing pushes the keyed one out.
+        finish(&pool.submit(CHARGE.task(3)).unwrap());
+        settle_retention(&pool);
+        assert_eq!(pool.status(keyed.id()), None);
+        let fresh = pool.submit(CHARGE.task(4).key("k")).unwrap();
+        assert_ne!(fresh.id(), keyed.id());
+        assert_eq!(finish(&fresh), Outcome::Succeeded((4, 3)));
+    }
+
+    fn a_key_of_an_unfinished_task_is_deduplicated_whatever_its_state(builder) {
+        let (pool, runs) = pool(builder, 1, Some(0));
+        let gate = Gate::new();
+        let _ = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
+        // Ready, behind the gate: retention 0 does not touch unfinished tasks.
+        let queued = pool.submit(CHARGE.task(1).key("k")).unwrap();
+        assert_eq!(queued.status(), TaskState::Ready);
+        let again = pool.submit(CHARGE.task(2).key("k")).unwrap();
+        assert_eq!(again.id(), queued.id());
+        gate.open();
+        assert_eq!(finish(&again), Outcome::Succeeded((1, 1)));
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    fn a_failed_or_cancelled_task_frees_its_key(builder) {
+        let pool = picky_pool(builder);
+        let failed = pool.submit(PICKY.task(0).key("k")).unwrap();
+        assert!(finish(&failed).is_failed());
+        // A program can run the key again after a failure, with another payload.
+        let retry = pool.submit(PICKY.task(5).key("k")).unwrap();
+        assert!(!retry.is_duplicate());
+        assert_ne!(retry.id(), failed.id());
+        assert_eq!(finish(&retry), Outcome::Succeeded(5));
+
+        let cancelled = pool
+            .submit(
+                PICKY
+                    .task(6)
+                    .key("c")
+                    .delay(std::time::Duration::from_secs(3600)),
+            )
+            .unwrap();
+        cancelled.cancel().unwrap();
+        let again = pool.submit(PICKY.task(7).key("c")).unwrap();
+        assert!(!again.is_duplicate());
+        assert_eq!(finish(&again), Outcome::Succeeded(7));
+        pool.check_invariants().unwrap();
+    }
+
+    fn a_resubmitted_dead_letter_takes_its_key_back_unless_another_task_holds_it(builder) {
+        let pool = picky_pool(builder);
+        let failed = pool.submit(PICKY.task(0).key("k")).unwrap();
+        assert!(finish(&failed).is_failed());
+        // Hold the worker, so the resubmitted task waits, ready, holding the key.
+        let gate = Gate::new();
+        let _ = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
+        let resubmitted = pool.resubmit(PICKY, failed.id()).unwrap();
+        let dup = pool.submit(PICKY.task(9).key("k")).unwrap();
+        assert!(dup.is_duplicate(), "the resubmitted task holds the key");
+        assert_eq!(dup.id(), resubmitted.id());
+        gate.open();
+        // Payload 0 fails again, and frees the key.
+        assert!(finish(&resubmitted).is_failed());
+
+        // Another task takes the key: resubmitting the new dead letter is refused, not run
+        // keyless.
+        let holder = pool
+            .submit(
+                PICKY
+                    .task(3)
+                    .key("k")
+                    .delay(std::time::Duration::from_secs(3600)),
+            )
+            .unwrap();
+        assert!(!holder.is_duplicate());
+        assert_eq!(
+            pool.resubmit(PICKY, resubmitted.id()).err(),
+            Some(tasq::ResubmitError::KeyTaken(resubmitted.id(), holder.id()))
+        );
+        // Once the holder is gone, the dead letter can run again with its key.
+        holder.cancel().unwrap();
+        let again = pool.resubmit(PICKY, resubmitted.id()).unwrap();
+        assert!(finish(&again).is_failed());
+        pool.check_invariants().unwrap();
+    }
 }

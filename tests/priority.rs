@@ -1,12 +1,13 @@
 //! Ready tasks run strictly by priority, first-in first-out within one; `stats()` shows the queue.
+//! On both stores.
 
-mod support_a;
+mod support_store;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support_a::{GATE, HANG_GUARD, finish, gate, gate_handler};
-use tasq::{HandlerError, ManualClock, Pool, TaskType};
+use support_store::{GATE, Gate, HANG_GUARD, TestBuilder, TestPool, finish};
+use tasq::{HandlerError, ManualClock, TaskType};
 
 /// A task that records its payload (priority, submission index) when it runs.
 const WORK: TaskType<(u8, usize), ()> = TaskType::new("work");
@@ -15,19 +16,18 @@ const WORK: TaskType<(u8, usize), ()> = TaskType::new("work");
 type Log = Arc<Mutex<Vec<(u8, usize)>>>;
 
 /// A one-worker pool whose `WORK` handler appends to the returned log.
-fn recording_pool(clock: &ManualClock) -> (Pool, Log) {
+fn recording_pool(builder: TestBuilder, clock: &ManualClock) -> (TestPool, Log) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&log);
-    let pool = Pool::builder()
+    let pool = builder
         .workers(1)
         .manual_clock(clock.clone())
-        .register(GATE, gate_handler)
+        .with_gates()
         .register(WORK, move |_, &entry: &(u8, usize)| {
             sink.lock().unwrap().push(entry);
             Ok::<_, HandlerError>(())
         })
-        .build()
-        .expect("build the pool");
+        .build();
     (pool, log)
 }
 
@@ -39,100 +39,99 @@ fn expected_order(submitted: &[(u8, usize)]) -> Vec<(u8, usize)> {
     expected
 }
 
-#[test]
-fn mixed_priorities_run_highest_first_and_fifo_within_one() {
-    let clock = ManualClock::new();
-    let (pool, log) = recording_pool(&clock);
+conformance! {
+    fn mixed_priorities_run_highest_first_and_fifo_within_one(builder) {
+        let clock = ManualClock::new();
+        let (pool, log) = recording_pool(builder, &clock);
 
-    // Hold the only worker, so every task below is queued before any runs.
-    let (gate, gate_task) = gate();
-    let gate_handle = pool.submit(GATE.task(gate_task)).unwrap();
-    gate.wait_started();
+        // Hold the only worker, so every task below is queued before any runs.
+        let gate = Gate::new();
+        let gate_handle = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
 
-    // Low priorities first; five seconds later, the urgent ones.
-    let early = [0u8, 5, 63, 5, 0, 1, 64, 5];
-    let late = [255u8, 1, 255, 0];
-    let mut submitted = Vec::new();
-    let mut handles = Vec::new();
-    for priority in early {
-        let entry = (priority, submitted.len());
-        handles.push(pool.submit(WORK.task(entry).priority(priority)).unwrap());
-        submitted.push(entry);
+        // Low priorities first; five seconds later, the urgent ones.
+        let early = [0u8, 5, 63, 5, 0, 1, 64, 5];
+        let late = [255u8, 1, 255, 0];
+        let mut submitted = Vec::new();
+        let mut handles = Vec::new();
+        for priority in early {
+            let entry = (priority, submitted.len());
+            handles.push(pool.submit(WORK.task(entry).priority(priority)).unwrap());
+            submitted.push(entry);
+        }
+        clock.advance(Duration::from_secs(3));
+        for priority in late {
+            let entry = (priority, submitted.len());
+            handles.push(pool.submit(WORK.task(entry).priority(priority)).unwrap());
+            submitted.push(entry);
+        }
+        clock.advance(Duration::from_secs(2));
+
+        let stats = pool.stats();
+        assert_eq!(stats.running, 1, "the gate holds the worker");
+        assert_eq!(stats.ready, submitted.len());
+        assert_eq!(
+            stats.ready_by_priority,
+            vec![(255, 2), (64, 1), (63, 1), (5, 3), (1, 2), (0, 3)]
+        );
+        // The oldest ready task is a low-priority one submitted 5 s ago, not the front of the
+        // highest priority (2 s).
+        assert_eq!(stats.oldest_ready, Some(Duration::from_secs(5)));
+        assert!(log.lock().unwrap().is_empty(), "nothing ran past the gate");
+
+        gate.open();
+        assert!(finish(&gate_handle).is_succeeded());
+        for handle in &handles {
+            assert!(finish(handle).is_succeeded());
+        }
+        assert_eq!(*log.lock().unwrap(), expected_order(&submitted));
+
+        let stats = pool.stats();
+        assert_eq!((stats.ready, stats.running), (0, 0));
+        assert!(stats.ready_by_priority.is_empty());
+        assert_eq!(stats.oldest_ready, None);
     }
-    clock.advance(Duration::from_secs(3));
-    for priority in late {
-        let entry = (priority, submitted.len());
-        handles.push(pool.submit(WORK.task(entry).priority(priority)).unwrap());
-        submitted.push(entry);
+
+    fn equal_priorities_run_in_submission_order(builder) {
+        let clock = ManualClock::new();
+        let (pool, log) = recording_pool(builder, &clock);
+        let gate = Gate::new();
+        let _ = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
+
+        let handles: Vec<_> = (0..50)
+            .map(|i| pool.submit(WORK.task((7, i)).priority(7)).unwrap())
+            .collect();
+        let stats = pool.stats();
+        assert_eq!(stats.ready_by_priority, vec![(7, 50)]);
+        // Nothing has waited yet on the manual clock.
+        assert_eq!(stats.oldest_ready, Some(Duration::ZERO));
+
+        gate.open();
+        for handle in &handles {
+            assert!(finish(handle).is_succeeded());
+        }
+        let expected: Vec<_> = (0..50).map(|i| (7, i)).collect();
+        assert_eq!(*log.lock().unwrap(), expected);
     }
-    clock.advance(Duration::from_secs(2));
 
-    let stats = pool.stats();
-    assert_eq!(stats.running, 1, "the gate holds the worker");
-    assert_eq!(stats.ready, submitted.len());
-    assert_eq!(
-        stats.ready_by_priority,
-        vec![(255, 2), (64, 1), (63, 1), (5, 3), (1, 2), (0, 3)]
-    );
-    // The oldest ready task is a low-priority one submitted 5 s ago, not the front of the highest
-    // priority (2 s).
-    assert_eq!(stats.oldest_ready, Some(Duration::from_secs(5)));
-    assert!(log.lock().unwrap().is_empty(), "nothing ran past the gate");
+    fn a_task_submitted_later_with_a_higher_priority_overtakes_the_queue(builder) {
+        let clock = ManualClock::new();
+        let (pool, log) = recording_pool(builder, &clock);
+        let gate = Gate::new();
+        let _ = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
 
-    gate.open();
-    assert!(finish(&gate_handle).is_succeeded());
-    for handle in &handles {
-        assert!(finish(handle).is_succeeded());
+        let mut handles: Vec<_> = (0..10)
+            .map(|i| pool.submit(WORK.task((0, i))).unwrap())
+            .collect();
+        handles.push(pool.submit(WORK.task((1, 10)).priority(1)).unwrap());
+        gate.open();
+        for handle in &handles {
+            assert!(handle.wait_timeout(HANG_GUARD).is_some());
+        }
+        let log = log.lock().unwrap();
+        assert_eq!(log[0], (1, 10), "the priority-1 task runs first: {log:?}");
+        assert_eq!(log.len(), 11);
     }
-    assert_eq!(*log.lock().unwrap(), expected_order(&submitted));
-
-    let stats = pool.stats();
-    assert_eq!((stats.ready, stats.running), (0, 0));
-    assert!(stats.ready_by_priority.is_empty());
-    assert_eq!(stats.oldest_ready, None);
-}
-
-#[test]
-fn equal_priorities_run_in_submission_order() {
-    let clock = ManualClock::new();
-    let (pool, log) = recording_pool(&clock);
-    let (gate, gate_task) = gate();
-    let _ = pool.submit(GATE.task(gate_task)).unwrap();
-    gate.wait_started();
-
-    let handles: Vec<_> = (0..50)
-        .map(|i| pool.submit(WORK.task((7, i)).priority(7)).unwrap())
-        .collect();
-    let stats = pool.stats();
-    assert_eq!(stats.ready_by_priority, vec![(7, 50)]);
-    // Nothing has waited yet on the manual clock.
-    assert_eq!(stats.oldest_ready, Some(Duration::ZERO));
-
-    gate.open();
-    for handle in &handles {
-        assert!(finish(handle).is_succeeded());
-    }
-    let expected: Vec<_> = (0..50).map(|i| (7, i)).collect();
-    assert_eq!(*log.lock().unwrap(), expected);
-}
-
-#[test]
-fn a_task_submitted_later_with_a_higher_priority_overtakes_the_queue() {
-    let clock = ManualClock::new();
-    let (pool, log) = recording_pool(&clock);
-    let (gate, gate_task) = gate();
-    let _ = pool.submit(GATE.task(gate_task)).unwrap();
-    gate.wait_started();
-
-    let mut handles: Vec<_> = (0..10)
-        .map(|i| pool.submit(WORK.task((0, i))).unwrap())
-        .collect();
-    handles.push(pool.submit(WORK.task((1, 10)).priority(1)).unwrap());
-    gate.open();
-    for handle in &handles {
-        assert!(handle.wait_timeout(HANG_GUARD).is_some());
-    }
-    let log = log.lock().unwrap();
-    assert_eq!(log[0], (1, 10), "the priority-1 task runs first: {log:?}");
-    assert_eq!(log.len(), 11);
 }

@@ -1,17 +1,18 @@
 //! Retries: backoff delays stay inside their bounds and spread, retries wait for their run_at,
-//! per-type options override the pool's, attempts run out exactly, seeds repeat backoffs.
+//! per-type options override the pool's, attempts run out exactly, seeds repeat backoffs. The
+//! pools' tests run on both stores.
 
-mod support_a;
+mod support_store;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use support_a::{HANG_GUARD, PROBE, finish, probe_handler, settle};
+use support_store::{HANG_GUARD, Store, TestBuilder, TestPool, finish, settle};
 use tasq::{
-    Failure, FailureReason, HandlerError, ManualClock, Outcome, Pool, RetryPolicy, TaskHandle,
-    TaskState, TaskType, TypeOptions,
+    Failure, FailureReason, HandlerError, ManualClock, Outcome, RetryPolicy, TaskHandle, TaskState,
+    TaskType, TypeOptions,
 };
 
 /// Fails every attempt, retryably; tells the test each attempt's number as it starts.
@@ -63,6 +64,8 @@ fn check_draws(policy: RetryPolicy, rng: &mut Seeds) {
         );
     }
 }
+
+// ===== the backoff alone: a pure function, the same whatever the store =====
 
 #[test]
 fn delays_stay_within_their_bound_and_spread_over_it() {
@@ -125,23 +128,41 @@ fn retry_zero_is_bounded_like_retry_one() {
     }
 }
 
+// ===== pools: on both stores =====
+
+/// The finest step of a store's time: the embedded store counts nanoseconds, the durable store
+/// keeps due times (and reports them) in microseconds.
+fn tick(store: Store) -> Duration {
+    match store {
+        Store::Memory => Duration::from_nanos(1),
+        Store::Postgres => Duration::from_micros(1),
+    }
+}
+
+/// `duration` to the nearest whole `tick`.
+fn round_to(duration: Duration, tick: Duration) -> Duration {
+    let ticks = (duration.as_nanos() + tick.as_nanos() / 2) / tick.as_nanos();
+    Duration::from_nanos(u64::try_from(ticks * tick.as_nanos()).unwrap())
+}
+
 /// A one-worker pool on `clock` whose `ALWAYS_FAILS` (pool defaults) and `OVERRIDDEN` (`options`)
 /// handlers send each attempt's number on the returned channel.
 fn failing_pool(
+    builder: TestBuilder,
     clock: &ManualClock,
     seed: u64,
     defaults: (u32, RetryPolicy),
     options: TypeOptions,
-) -> (Pool, Receiver<u32>) {
+) -> (TestPool, Receiver<u32>) {
     let (attempt_tx, attempt_rx) = crossbeam_channel::unbounded();
     let other_tx = attempt_tx.clone();
-    let pool = Pool::builder()
+    let pool = builder
         .workers(1)
         .manual_clock(clock.clone())
         .seed(seed)
         .max_attempts(defaults.0)
         .retry_policy(defaults.1)
-        .register(PROBE, probe_handler)
+        .with_gates()
         .register(ALWAYS_FAILS, move |ctx, _: &()| {
             attempt_tx.send(ctx.attempt()).unwrap();
             Err::<(), _>(HandlerError::retryable(format!(
@@ -156,21 +177,21 @@ fn failing_pool(
                 ctx.attempt()
             )))
         })
-        .build()
-        .expect("build the pool");
+        .build();
     (pool, attempt_rx)
 }
 
 /// Drives a task that always fails through all its attempts on a manual clock, checking at each
-/// retry that its delay is within `bound(attempt)` and that it does not run a nanosecond early.
-/// Returns the delays drawn.
+/// retry that its delay is within `bound(attempt)` and that it does not run a tick (see [`tick`])
+/// early. Returns the delays drawn.
 fn drive_to_exhaustion(
-    pool: &Pool,
+    pool: &TestPool,
     clock: &ManualClock,
     attempts: &Receiver<u32>,
     handle: &TaskHandle<()>,
     bound: impl Fn(u32) -> Duration,
 ) -> Vec<Duration> {
+    let tick = tick(pool.store());
     let mut delays = Vec::new();
     let mut attempt = 0;
     loop {
@@ -190,7 +211,8 @@ fn drive_to_exhaustion(
         assert_eq!(info.attempts, attempt);
         assert_eq!(info.last_error, Some(format!("attempt {attempt}")));
         let run_at = info.run_at.expect("a scheduled retry has a run_at");
-        let delay = run_at - clock.now();
+        // A reported instant is exact to the store's tick only.
+        let delay = round_to(run_at - clock.now(), tick);
         assert!(
             delay <= bound(attempt),
             "retry {attempt}: {delay:?} > {:?}",
@@ -202,8 +224,8 @@ fn drive_to_exhaustion(
         );
         delays.push(delay);
 
-        // A nanosecond early: the worker looks (it runs the probe) but must leave the task.
-        clock.advance(delay - Duration::from_nanos(1));
+        // A tick early: the worker looks (it runs the probe) but must leave the task.
+        clock.advance(delay - tick);
         settle(pool);
         let info = pool.info(handle.id()).unwrap();
         assert_eq!(
@@ -213,170 +235,173 @@ fn drive_to_exhaustion(
         );
         assert!(attempts.try_recv().is_err(), "retry {attempt} ran early");
 
-        clock.advance(Duration::from_nanos(1));
+        clock.advance(tick);
     }
-}
-
-#[test]
-fn each_retry_waits_within_its_bound_and_never_runs_before_its_run_at() {
-    let clock = ManualClock::new();
-    let policy = RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(8));
-    let (pool, attempts) = failing_pool(&clock, 11, (7, policy), TypeOptions::new());
-    let handle = pool.submit(ALWAYS_FAILS.task(())).unwrap();
-
-    let delays = drive_to_exhaustion(&pool, &clock, &attempts, &handle, |n| policy.max_delay(n));
-    assert_eq!(delays.len(), 6);
-    // The bounds are 1, 2, 4, 8, 8, 8 s: with these draws at least one retry uses more than the
-    // base, which shows the bound grows.
-    assert!(
-        delays.iter().any(|&d| d > Duration::from_secs(1)),
-        "{delays:?}"
-    );
-
-    let Outcome::Failed(failure) = finish(&handle) else {
-        panic!("expected a failure");
-    };
-    assert_eq!(failure.reason, FailureReason::Exhausted);
-    assert_eq!(failure.attempts, 7);
-    assert_eq!(failure.error, "attempt 7");
-    assert_eq!(pool.stats().totals.retried, 6);
-}
-
-#[test]
-fn a_pool_with_many_attempts_keeps_each_retry_within_its_doubling_bound() {
-    // 40 retries of a 1 ms base under a one-year cap: from retry 33 on, the bound is
-    // 1 ms * 2^(n-1) (about 50 days at retry 33), well below the cap.
-    let clock = ManualClock::new();
-    let base = Duration::from_millis(1);
-    let cap = Duration::from_secs(365 * 24 * 3600);
-    let policy = RetryPolicy::exponential(base, cap);
-    let (pool, attempts) = failing_pool(&clock, 3, (41, policy), TypeOptions::new());
-    let handle = pool.submit(ALWAYS_FAILS.task(())).unwrap();
-    let delays = drive_to_exhaustion(&pool, &clock, &attempts, &handle, |n| {
-        Duration::from_nanos(u64::try_from(bound_nanos(base, cap, n)).unwrap())
-    });
-    assert_eq!(delays.len(), 40);
-    assert!(finish(&handle).is_failed());
-}
-
-#[test]
-fn per_type_options_override_the_pool_defaults() {
-    let clock = ManualClock::new();
-    let slow = RetryPolicy::exponential(Duration::from_secs(1000), Duration::from_secs(1000));
-    let fast = RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1));
-    let (pool, attempts) = failing_pool(
-        &clock,
-        5,
-        (2, slow),
-        TypeOptions::new().max_attempts(5).retry_policy(fast),
-    );
-
-    // The overridden type: five attempts, each retry within 1 s. Were the pool's 1000 s policy
-    // used, four draws all below 1 s would have probability 10^-12.
-    let overridden = pool.submit(OVERRIDDEN.task(())).unwrap();
-    let delays = drive_to_exhaustion(&pool, &clock, &attempts, &overridden, |_| {
-        Duration::from_secs(1)
-    });
-    assert_eq!(delays.len(), 4);
-    match finish(&overridden) {
-        Outcome::Failed(Failure {
-            reason, attempts, ..
-        }) => assert_eq!((reason, attempts), (FailureReason::Exhausted, 5)),
-        other => panic!("unexpected {other:?}"),
-    }
-
-    // The type without options: the pool's two attempts and 1000 s bound.
-    let defaulted = pool.submit(ALWAYS_FAILS.task(())).unwrap();
-    let delays = drive_to_exhaustion(&pool, &clock, &attempts, &defaulted, |_| {
-        Duration::from_secs(1000)
-    });
-    assert_eq!(delays.len(), 1);
-    assert!(delays[0] > Duration::from_secs(1), "{delays:?}");
-    match finish(&defaulted) {
-        Outcome::Failed(Failure {
-            reason, attempts, ..
-        }) => assert_eq!((reason, attempts), (FailureReason::Exhausted, 2)),
-        other => panic!("unexpected {other:?}"),
-    }
-}
-
-#[test]
-fn attempts_run_out_after_exactly_max_attempts() {
-    const FAILS: TaskType<(), ()> = TaskType::new("fails");
-    let runs = Arc::new(AtomicU32::new(0));
-    let counter = Arc::clone(&runs);
-    let pool = Pool::builder()
-        .workers(2)
-        .max_attempts(4)
-        .retry_policy(RetryPolicy::exponential(
-            Duration::from_micros(10),
-            Duration::from_micros(100),
-        ))
-        .register(FAILS, move |_, _: &()| {
-            let run = counter.fetch_add(1, Ordering::SeqCst) + 1;
-            Err::<(), _>(HandlerError::retryable(format!("run {run}")))
-        })
-        .build()
-        .unwrap();
-    let handle = pool.submit(FAILS.task(())).unwrap();
-    let Outcome::Failed(failure) = finish(&handle) else {
-        panic!("expected a failure");
-    };
-    assert_eq!(failure.reason, FailureReason::Exhausted);
-    assert_eq!(failure.attempts, 4);
-    assert_eq!(failure.error, "run 4");
-    assert_eq!(runs.load(Ordering::SeqCst), 4);
-    let dead = pool.dead_letters();
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].failure.reason, FailureReason::Exhausted);
-}
-
-#[test]
-fn a_flaky_handler_succeeds_on_its_third_attempt() {
-    const FLAKY: TaskType<u32, u32> = TaskType::new("flaky");
-    let runs = Arc::new(AtomicU32::new(0));
-    let counter = Arc::clone(&runs);
-    let pool = Pool::builder()
-        .workers(1)
-        .max_attempts(5)
-        .retry_policy(RetryPolicy::exponential(
-            Duration::from_micros(10),
-            Duration::from_micros(100),
-        ))
-        .register(FLAKY, move |ctx, &succeed_on: &u32| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            if ctx.attempt() < succeed_on {
-                Err(HandlerError::retryable("not yet"))
-            } else {
-                Ok(ctx.attempt())
-            }
-        })
-        .build()
-        .unwrap();
-    let handle = pool.submit(FLAKY.task(3)).unwrap();
-    assert_eq!(finish(&handle), Outcome::Succeeded(3));
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "no run after the success");
-    let info = pool.info(handle.id()).unwrap();
-    assert_eq!((info.state, info.attempts), (TaskState::Succeeded, 3));
-    assert_eq!(pool.stats().totals.retried, 2);
-    assert!(pool.dead_letters().is_empty());
 }
 
 /// The delays one seeded one-worker pool draws for a task that always fails.
-fn backoffs(seed: u64) -> Vec<Duration> {
+fn backoffs(builder: TestBuilder, seed: u64) -> Vec<Duration> {
     let clock = ManualClock::new();
     let policy = RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(30));
-    let (pool, attempts) = failing_pool(&clock, seed, (8, policy), TypeOptions::new());
+    let (pool, attempts) = failing_pool(builder, &clock, seed, (8, policy), TypeOptions::new());
     let handle = pool.submit(ALWAYS_FAILS.task(())).unwrap();
     let delays = drive_to_exhaustion(&pool, &clock, &attempts, &handle, |n| policy.max_delay(n));
     assert!(finish(&handle).is_failed());
     delays
 }
 
-#[test]
-fn a_seeded_pool_repeats_its_backoffs() {
-    let first = backoffs(7);
-    assert_eq!(first.len(), 7);
-    assert_eq!(backoffs(7), first, "same seed, same backoffs");
-    assert_ne!(backoffs(8), first, "another seed draws other backoffs");
+/// Another builder on the same store as `builder`, for a second pool.
+fn another(builder: &TestBuilder) -> TestBuilder {
+    TestBuilder::new(builder.store()).expect("the store ran the first pool")
+}
+
+conformance! {
+    fn each_retry_waits_within_its_bound_and_never_runs_before_its_run_at(builder) {
+        let clock = ManualClock::new();
+        let policy = RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(8));
+        let (pool, attempts) = failing_pool(builder, &clock, 11, (7, policy), TypeOptions::new());
+        let handle = pool.submit(ALWAYS_FAILS.task(())).unwrap();
+
+        let delays =
+            drive_to_exhaustion(&pool, &clock, &attempts, &handle, |n| policy.max_delay(n));
+        assert_eq!(delays.len(), 6);
+        // The bounds are 1, 2, 4, 8, 8, 8 s: with these draws at least one retry uses more than
+        // the base, which shows the bound grows.
+        assert!(
+            delays.iter().any(|&d| d > Duration::from_secs(1)),
+            "{delays:?}"
+        );
+
+        let Outcome::Failed(failure) = finish(&handle) else {
+            panic!("expected a failure");
+        };
+        assert_eq!(failure.reason, FailureReason::Exhausted);
+        assert_eq!(failure.attempts, 7);
+        assert_eq!(failure.error, "attempt 7");
+        assert_eq!(pool.stats().totals.retried, 6);
+    }
+
+    fn a_pool_with_many_attempts_keeps_each_retry_within_its_doubling_bound(builder) {
+        // 40 retries of a 1 ms base under a one-year cap: from retry 33 on, the bound is
+        // 1 ms * 2^(n-1) (about 50 days at retry 33), well below the cap.
+        let clock = ManualClock::new();
+        let base = Duration::from_millis(1);
+        let cap = Duration::from_secs(365 * 24 * 3600);
+        let policy = RetryPolicy::exponential(base, cap);
+        let (pool, attempts) = failing_pool(builder, &clock, 3, (41, policy), TypeOptions::new());
+        let handle = pool.submit(ALWAYS_FAILS.task(())).unwrap();
+        let delays = drive_to_exhaustion(&pool, &clock, &attempts, &handle, |n| {
+            Duration::from_nanos(u64::try_from(bound_nanos(base, cap, n)).unwrap())
+        });
+        assert_eq!(delays.len(), 40);
+        assert!(finish(&handle).is_failed());
+    }
+
+    fn per_type_options_override_the_pool_defaults(builder) {
+        let clock = ManualClock::new();
+        let slow = RetryPolicy::exponential(Duration::from_secs(1000), Duration::from_secs(1000));
+        let fast = RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(1));
+        let (pool, attempts) = failing_pool(
+            builder,
+            &clock,
+            5,
+            (2, slow),
+            TypeOptions::new().max_attempts(5).retry_policy(fast),
+        );
+
+        // The overridden type: five attempts, each retry within 1 s. Were the pool's 1000 s
+        // policy used, four draws all below 1 s would have probability 10^-12.
+        let overridden = pool.submit(OVERRIDDEN.task(())).unwrap();
+        let delays = drive_to_exhaustion(&pool, &clock, &attempts, &overridden, |_| {
+            Duration::from_secs(1)
+        });
+        assert_eq!(delays.len(), 4);
+        match finish(&overridden) {
+            Outcome::Failed(Failure {
+                reason, attempts, ..
+            }) => assert_eq!((reason, attempts), (FailureReason::Exhausted, 5)),
+            other => panic!("unexpected {other:?}"),
+        }
+
+        // The type without options: the pool's two attempts and 1000 s bound.
+        let defaulted = pool.submit(ALWAYS_FAILS.task(())).unwrap();
+        let delays = drive_to_exhaustion(&pool, &clock, &attempts, &defaulted, |_| {
+            Duration::from_secs(1000)
+        });
+        assert_eq!(delays.len(), 1);
+        assert!(delays[0] > Duration::from_secs(1), "{delays:?}");
+        match finish(&defaulted) {
+            Outcome::Failed(Failure {
+                reason, attempts, ..
+            }) => assert_eq!((reason, attempts), (FailureReason::Exhausted, 2)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn attempts_run_out_after_exactly_max_attempts(builder) {
+        const FAILS: TaskType<(), ()> = TaskType::new("fails");
+        let runs = Arc::new(AtomicU32::new(0));
+        let counter = Arc::clone(&runs);
+        let pool = builder
+            .workers(2)
+            .max_attempts(4)
+            .retry_policy(RetryPolicy::exponential(
+                Duration::from_micros(10),
+                Duration::from_micros(100),
+            ))
+            .register(FAILS, move |_, _: &()| {
+                let run = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                Err::<(), _>(HandlerError::retryable(format!("run {run}")))
+            })
+            .build();
+        let handle = pool.submit(FAILS.task(())).unwrap();
+        let Outcome::Failed(failure) = finish(&handle) else {
+            panic!("expected a failure");
+        };
+        assert_eq!(failure.reason, FailureReason::Exhausted);
+        assert_eq!(failure.attempts, 4);
+        assert_eq!(failure.error, "run 4");
+        assert_eq!(runs.load(Ordering::SeqCst), 4);
+        let dead = pool.dead_letters();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].failure.reason, FailureReason::Exhausted);
+    }
+
+    fn a_flaky_handler_succeeds_on_its_third_attempt(builder) {
+        const FLAKY: TaskType<u32, u32> = TaskType::new("flaky");
+        let runs = Arc::new(AtomicU32::new(0));
+        let counter = Arc::clone(&runs);
+        let pool = builder
+            .workers(1)
+            .max_attempts(5)
+            .retry_policy(RetryPolicy::exponential(
+                Duration::from_micros(10),
+                Duration::from_micros(100),
+            ))
+            .register(FLAKY, move |ctx, &succeed_on: &u32| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                if ctx.attempt() < succeed_on {
+                    Err(HandlerError::retryable("not yet"))
+                } else {
+                    Ok(ctx.attempt())
+                }
+            })
+            .build();
+        let handle = pool.submit(FLAKY.task(3)).unwrap();
+        assert_eq!(finish(&handle), Outcome::Succeeded(3));
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "no run after the success");
+        let info = pool.info(handle.id()).unwrap();
+        assert_eq!((info.state, info.attempts), (TaskState::Succeeded, 3));
+        assert_eq!(pool.stats().totals.retried, 2);
+        assert!(pool.dead_letters().is_empty());
+    }
+
+    fn a_seeded_pool_repeats_its_backoffs(builder) {
+        let again = another(&builder);
+        let other = another(&builder);
+        let first = backoffs(builder, 7);
+        assert_eq!(first.len(), 7);
+        assert_eq!(backoffs(again, 7), first, "same seed, same backoffs");
+        assert_ne!(backoffs(other, 8), first, "another seed draws other backoffs");
+    }
 }

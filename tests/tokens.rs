@@ -1,19 +1,20 @@
 //! Cancellation tokens are per task: a worker hands its token on to the next task only when
-//! nobody else holds it and it has not fired.
+//! nobody else holds it and it has not fired. On both stores (the durable store never hands a
+//! token on: each claim gets its own).
 //!
 //! A worker reuses a token only for a task that is already queued when the previous one ends, so
 //! every test queues the next task first.
 
+mod support_store;
+
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use tasq::{CancelReason, CancelToken, HandlerError, Outcome, Pool, TaskHandle, TaskType};
-
-const WAIT: Duration = Duration::from_secs(10);
+use support_store::{HANG_GUARD, TestBuilder, TestPool, finish};
+use tasq::{CancelReason, CancelToken, HandlerError, Outcome, TaskType};
 
 /// What a `STEP` handler does.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, serde::Serialize, serde::Deserialize)]
 enum Step {
     /// Say it started, wait for its token to fire.
     WaitToken,
@@ -29,18 +30,18 @@ enum Step {
 const STEP: TaskType<Step, bool> = TaskType::new("step");
 
 struct Fixture {
-    pool: Pool,
+    pool: TestPool,
     started: Receiver<()>,
     open: Sender<()>,
     kept: Arc<Mutex<Option<CancelToken>>>,
 }
 
-fn fixture() -> Fixture {
+fn fixture(builder: TestBuilder) -> Fixture {
     let (started_tx, started) = crossbeam_channel::unbounded::<()>();
     let (open, gate) = crossbeam_channel::unbounded::<()>();
     let kept = Arc::new(Mutex::new(None));
     let keep = Arc::clone(&kept);
-    let pool = Pool::builder()
+    let pool = builder
         .workers(1)
         .register(STEP, move |ctx, step: &Step| {
             match step {
@@ -50,15 +51,14 @@ fn fixture() -> Fixture {
                 }
                 Step::Gate => {
                     started_tx.send(()).unwrap();
-                    gate.recv_timeout(WAIT).unwrap();
+                    gate.recv_timeout(HANG_GUARD).unwrap();
                 }
                 Step::Keep => *keep.lock().unwrap() = Some(ctx.token().clone()),
                 Step::Quick => {}
             }
             Ok::<_, HandlerError>(ctx.is_cancelled())
         })
-        .build()
-        .unwrap();
+        .build();
     Fixture {
         pool,
         started,
@@ -67,68 +67,63 @@ fn fixture() -> Fixture {
     }
 }
 
-fn finish(handle: &TaskHandle<bool>) -> Outcome<bool> {
-    handle.wait_timeout(WAIT).expect("the task finished")
-}
-
-#[test]
-fn a_fired_token_is_not_handed_to_the_next_task() {
-    let f = fixture();
-    let cancelled = f.pool.submit(STEP.task(Step::WaitToken)).unwrap();
-    f.started.recv_timeout(WAIT).unwrap();
-    let next = f.pool.submit(STEP.task(Step::Quick)).unwrap();
-    cancelled.cancel().unwrap();
-    assert_eq!(
-        finish(&cancelled),
-        Outcome::Cancelled(CancelReason::Requested)
-    );
-    assert_eq!(
-        finish(&next),
-        Outcome::Succeeded(false),
-        "the next task got a fired token"
-    );
-}
-
-#[test]
-fn a_token_a_handler_kept_is_not_shared_with_the_next_task() {
-    let f = fixture();
-    let gate = f.pool.submit(STEP.task(Step::Gate)).unwrap();
-    f.started.recv_timeout(WAIT).unwrap();
-    let keeper = f.pool.submit(STEP.task(Step::Keep)).unwrap();
-    let next = f.pool.submit(STEP.task(Step::WaitToken)).unwrap();
-    f.open.send(()).unwrap();
-    assert_eq!(finish(&gate), Outcome::Succeeded(false));
-    assert_eq!(finish(&keeper), Outcome::Succeeded(false));
-    f.started.recv_timeout(WAIT).unwrap();
-    next.cancel().unwrap();
-    assert_eq!(finish(&next), Outcome::Cancelled(CancelReason::Requested));
-    let kept = f
-        .kept
-        .lock()
-        .unwrap()
-        .take()
-        .expect("the keeper kept its token");
-    assert!(
-        !kept.is_cancelled(),
-        "cancelling the next task fired the keeper's token"
-    );
-}
-
-#[test]
-fn a_handed_on_token_still_fires_for_its_new_task() {
-    let f = fixture();
-    let gate = f.pool.submit(STEP.task(Step::Gate)).unwrap();
-    f.started.recv_timeout(WAIT).unwrap();
-    let quick: Vec<_> = (0..5)
-        .map(|_| f.pool.submit(STEP.task(Step::Quick)).unwrap())
-        .collect();
-    let last = f.pool.submit(STEP.task(Step::WaitToken)).unwrap();
-    f.open.send(()).unwrap();
-    assert_eq!(finish(&gate), Outcome::Succeeded(false));
-    for handle in &quick {
-        assert_eq!(finish(handle), Outcome::Succeeded(false));
+conformance! {
+    fn a_fired_token_is_not_handed_to_the_next_task(builder) {
+        let f = fixture(builder);
+        let cancelled = f.pool.submit(STEP.task(Step::WaitToken)).unwrap();
+        f.started.recv_timeout(HANG_GUARD).unwrap();
+        let next = f.pool.submit(STEP.task(Step::Quick)).unwrap();
+        cancelled.cancel().unwrap();
+        assert_eq!(
+            finish(&cancelled),
+            Outcome::Cancelled(CancelReason::Requested)
+        );
+        assert_eq!(
+            finish(&next),
+            Outcome::Succeeded(false),
+            "the next task got a fired token"
+        );
     }
-    f.started.recv_timeout(WAIT).unwrap();
-    last.cancel().unwrap();
-    assert_eq!(finish(&last), Outcome::Cancelled(CancelReason::Requested));
+
+    fn a_token_a_handler_kept_is_not_shared_with_the_next_task(builder) {
+        let f = fixture(builder);
+        let gate = f.pool.submit(STEP.task(Step::Gate)).unwrap();
+        f.started.recv_timeout(HANG_GUARD).unwrap();
+        let keeper = f.pool.submit(STEP.task(Step::Keep)).unwrap();
+        let next = f.pool.submit(STEP.task(Step::WaitToken)).unwrap();
+        f.open.send(()).unwrap();
+        assert_eq!(finish(&gate), Outcome::Succeeded(false));
+        assert_eq!(finish(&keeper), Outcome::Succeeded(false));
+        f.started.recv_timeout(HANG_GUARD).unwrap();
+        next.cancel().unwrap();
+        assert_eq!(finish(&next), Outcome::Cancelled(CancelReason::Requested));
+        let kept = f
+            .kept
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the keeper kept its token");
+        assert!(
+            !kept.is_cancelled(),
+            "cancelling the next task fired the keeper's token"
+        );
+    }
+
+    fn a_handed_on_token_still_fires_for_its_new_task(builder) {
+        let f = fixture(builder);
+        let gate = f.pool.submit(STEP.task(Step::Gate)).unwrap();
+        f.started.recv_timeout(HANG_GUARD).unwrap();
+        let quick: Vec<_> = (0..5)
+            .map(|_| f.pool.submit(STEP.task(Step::Quick)).unwrap())
+            .collect();
+        let last = f.pool.submit(STEP.task(Step::WaitToken)).unwrap();
+        f.open.send(()).unwrap();
+        assert_eq!(finish(&gate), Outcome::Succeeded(false));
+        for handle in &quick {
+            assert_eq!(finish(handle), Outcome::Succeeded(false));
+        }
+        f.started.recv_timeout(HANG_GUARD).unwrap();
+        last.cancel().unwrap();
+        assert_eq!(finish(&last), Outcome::Cancelled(CancelReason::Requested));
+    }
 }

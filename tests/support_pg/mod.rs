@@ -61,9 +61,28 @@ impl TestDb {
                 "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
             ))
             .expect("create the test schema");
-        let url = format!("{base} options='-c search_path={schema}'");
+        // Named after the schema, so a test can find (and terminate) its own connections.
+        let url = format!("{base} application_name={schema} options='-c search_path={schema}'");
         tasq::postgres::migrate(&url).expect("migrate the test schema");
         Some(TestDb { url, schema, base })
+    }
+
+    /// The schema's name (also the `application_name` of the connections made with `url`).
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// Terminates every connection this test's pools opened (as a server restart would).
+    pub fn terminate_connections(&self) -> u64 {
+        let mut client = Client::connect(self.base, NoTls).expect("connect to PostgreSQL");
+        client
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                &[&self.schema],
+            )
+            .expect("terminate the test's connections")
+            .len() as u64
     }
 
     /// A client on this test's schema, to look at the rows.

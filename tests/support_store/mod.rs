@@ -321,6 +321,53 @@ impl Drop for Gate {
     }
 }
 
+/// Returns once the store has applied its retention limits, at the pool's current time, to
+/// every task that finished before the call.
+///
+/// The embedded store applies them as each task finishes: nothing to wait for. The durable
+/// store's cleaner runs in the background: this plants a finished row older than any other
+/// (finished at the epoch: the first to go by age, and by count) and waits until a pass of the
+/// cleaner has deleted it. That pass looked at every row the plant's insert saw.
+pub fn settle_retention(pool: &TestPool) {
+    match pool.store() {
+        Store::Memory => {}
+        #[cfg(feature = "postgres")]
+        Store::Postgres => {
+            use std::time::Instant;
+
+            let mut sql = pool.sql().expect("a durable pool has a schema");
+            let plant: i64 = sql
+                .query_one(
+                    "INSERT INTO tasq_tasks (type, priority, status, max_attempts, finished_at)
+                     VALUES ('retention-plant', 0, 'succeeded', 1, TIMESTAMPTZ 'epoch')
+                     RETURNING id",
+                    &[],
+                )
+                .expect("plant a finished row")
+                .get(0);
+            let give_up = Instant::now() + HANG_GUARD;
+            loop {
+                let left: i64 = sql
+                    .query_one("SELECT count(*) FROM tasq_tasks WHERE id = $1", &[&plant])
+                    .expect("look for the planted row")
+                    .get(0);
+                if left == 0 {
+                    return;
+                }
+                assert!(
+                    Instant::now() < give_up,
+                    "the cleaner deleted no row past retention within {HANG_GUARD:?}"
+                );
+                // Paces the poll (the cleaner runs about once a second): the loop checks the
+                // row, the sleep orders nothing.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        #[cfg(not(feature = "postgres"))]
+        Store::Postgres => unreachable!("no durable pool without the postgres feature"),
+    }
+}
+
 /// Submits a [`PROBE`] and waits for it: with one worker, once it has finished, the worker has
 /// also finished whatever it was doing before.
 pub fn settle(pool: &Pool) {

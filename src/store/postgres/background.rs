@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
-use super::dispatch::{cascade, notify_changes};
+use super::dispatch::{cascade, enforce_dead_letter_limit, notify_changes};
 use super::{PgStore, rows};
 use crate::sync::Arc;
 
@@ -167,7 +167,7 @@ fn heartbeat(store: &PgStore) -> Result<(), String> {
     Ok(())
 }
 
-/// Publishes the outcomes of watched tasks that ended (the fallback for a lost notification),
+/// Publishes the outcomes of awaited tasks that ended (the fallback for a lost notification),
 /// and forgets waiters whose handles are gone.
 fn poll_waiters(store: &PgStore) -> Result<(), String> {
     let ids: Vec<i64> = {
@@ -221,7 +221,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                  run_at = CASE WHEN ended.status = 'ready' THEN tasq_now() ELSE t.run_at END,
                  lease_id = NULL, lease_until = NULL
              FROM ended WHERE t.id = ended.id
-             RETURNING t.id, t.status, t.has_dependents, t.watched",
+             RETURNING t.id, t.status, t.has_dependents",
             &[],
         )?;
         let mut ready = false;
@@ -240,11 +240,12 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                         };
                         done.extend(cascade(&mut tx, id, reason)?);
                     }
-                    if row.get::<_, bool>(3) {
-                        done.push(id);
-                    }
+                    done.push(id);
                 }
             }
+        }
+        if rows.iter().any(|row| row.get::<_, &str>(1) == "failed") {
+            enforce_dead_letter_limit(&mut tx, store.max_dead_letters())?;
         }
         notify_changes(&mut tx, ready, &done)?;
         tx.commit()?;
@@ -256,14 +257,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
 /// letters beyond the limit (their rows then age out like any finished task).
 fn retain(store: &PgStore) -> Result<(), String> {
     let retention = store.retention;
-    let max_dead = i64::try_from(retention.max_dead_letters).unwrap_or(i64::MAX);
-    store.with_conn(|c| {
-        c.execute(
-            "UPDATE tasq_tasks SET dead = false, payload = NULL
-             WHERE id IN (SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC OFFSET $1)",
-            &[&max_dead],
-        )
-    })?;
+    store.with_conn(|c| enforce_dead_letter_limit(c, store.max_dead_letters()))?;
     let max_count = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
     let max_age = retention.max_age.map(rows::micros);
     loop {
@@ -275,8 +269,8 @@ fn retain(store: &PgStore) -> Result<(), String> {
                      WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead
                  ), old AS (
                      (SELECT id FROM finished
-                      WHERE $2$2::BIGINT IS NOT NULL
-                        AND finished_at < tasq_now() - interval '1 microsecond' * $2::BIGINT
+                      WHERE $2::BIGINT IS NOT NULL
+                        AND finished_at <= tasq_now() - interval '1 microsecond' * $2::BIGINT
                       LIMIT 1000)
                      UNION
                      (SELECT id FROM finished ORDER BY finished_at DESC OFFSET $1 LIMIT 1000)

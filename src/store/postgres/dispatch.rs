@@ -74,7 +74,7 @@ pub(crate) const CLAIM: &str = "
     WITH picked AS (
         SELECT id FROM tasq_tasks
         WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
-        ORDER BY priority DESC, run_at
+        ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
@@ -125,7 +125,12 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             Err(error) => bad.push((seq, lease, attempt, error)),
         }
     }
-    claimed.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    // The claim's order: the statement returns its rows in any order.
+    claimed.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.id.seq().cmp(&b.2.id.seq()))
+    });
     let count = claimed.len() + bad.len();
     {
         let mut local = store.local.lock();
@@ -209,9 +214,10 @@ impl PgStore {
     /// handles.
     pub(super) fn finish(&self, seq: i64, lease: i64, ending: Ending) {
         let mut delay = Duration::from_millis(20);
-        let written = loop {
+        let (written, cascaded) = loop {
             match self.write_ending(seq, lease, &ending) {
-                Ok(written) => break written,
+                Ok(Some((state, cascaded))) => break (Some(state), cascaded),
+                Ok(None) => break (None, 0),
                 Err(_) => {
                     // Lost connection: the outcome is retried until written or the lease is
                     // gone (then the write finds no row, and the task runs again elsewhere).
@@ -232,6 +238,8 @@ impl PgStore {
                 Some(_) => local.totals.retried += 1,
                 None => {}
             }
+            // Dependents its ending cancelled.
+            local.totals.cancelled += cascaded;
             self.fetch_cv.notify_one();
             self.done_cv.notify_all();
         }
@@ -257,21 +265,28 @@ impl PgStore {
         }
     }
 
-    /// One attempt at writing an ending. `Ok(None)`: the lease was lost, nothing written.
+    /// One attempt at writing an ending: the state written and how many dependents it
+    /// cancelled. `Ok(None)`: the lease was lost, nothing written.
     fn write_ending(
         &self,
         seq: i64,
         lease: i64,
         ending: &Ending,
-    ) -> Result<Option<TaskState>, String> {
+    ) -> Result<Option<(TaskState, u64)>, String> {
         // The common cases in one statement: no cancel asked, nobody waits elsewhere, no
         // dependents to release (checked on the row's latest version, under its lock).
         let fast = self.with_conn(|c| match ending {
+            // The ending notifies `done:<id>` in the same statement (delivered at its commit),
+            // for handles waiting in other processes.
             Ending::Succeeded(output, _) => c.execute(
-                "UPDATE tasq_tasks SET status = 'succeeded', output = $3, finished_at = tasq_now(),
-                        lease_until = NULL
-                 WHERE id = $1 AND lease_id = $2 AND status = 'running'
-                   AND cancel_requested IS NULL AND NOT has_dependents AND NOT watched",
+                "WITH ended AS (
+                     UPDATE tasq_tasks SET status = 'succeeded', output = $3,
+                            finished_at = tasq_now(), lease_until = NULL
+                     WHERE id = $1 AND lease_id = $2 AND status = 'running'
+                       AND cancel_requested IS NULL AND NOT has_dependents
+                     RETURNING id
+                 )
+                 SELECT pg_notify('tasq_' || current_schema(), 'done:' || id) FROM ended",
                 &[&seq, &lease, output],
             ),
             Ending::Retry { delay, error } => c.execute(
@@ -284,14 +299,15 @@ impl PgStore {
             Ending::Failed(_) => Ok(0),
         })?;
         if fast == 1 {
-            return Ok(Some(match ending {
+            let state = match ending {
                 Ending::Succeeded(..) => TaskState::Succeeded,
                 _ => TaskState::Scheduled,
-            }));
+            };
+            return Ok(Some((state, 0)));
         }
         self.with_conn(|c| {
             let mut tx = c.transaction()?;
-            let written = write_ending_tx(&mut tx, seq, lease, ending)?;
+            let written = write_ending_tx(&mut tx, seq, lease, ending, self.max_dead_letters())?;
             tx.commit()?;
             Ok(written)
         })
@@ -305,9 +321,10 @@ pub(super) fn write_ending_tx(
     seq: i64,
     lease: i64,
     ending: &Ending,
-) -> Result<Option<TaskState>, postgres::Error> {
+    max_dead_letters: i64,
+) -> Result<Option<(TaskState, u64)>, postgres::Error> {
     let Some(row) = tx.query_opt(
-        "SELECT cancel_requested, has_dependents, watched FROM tasq_tasks
+        "SELECT cancel_requested, has_dependents FROM tasq_tasks
          WHERE id = $1 AND lease_id = $2 AND status = 'running' FOR UPDATE",
         &[&seq, &lease],
     )?
@@ -319,11 +336,10 @@ pub(super) fn write_ending_tx(
              AND status IN ('succeeded', 'failed', 'cancelled')",
             &[&seq, &lease],
         )?;
-        return Ok(ended.map(|row| rows::state_of(row.get(0), true)));
+        return Ok(ended.map(|row| (rows::state_of(row.get(0), true), 0)));
     };
     let cancel: Option<String> = row.get(0);
     let has_dependents: bool = row.get(1);
-    let watched: bool = row.get(2);
     let mut done = Vec::new();
     let mut ready = false;
     let state = match (cancel, ending) {
@@ -384,14 +400,30 @@ pub(super) fn write_ending_tx(
             if has_dependents {
                 done.extend(cascade(tx, seq, "dependency_failed")?);
             }
+            enforce_dead_letter_limit(tx, max_dead_letters)?;
             TaskState::Failed
         }
     };
-    if watched && state.is_terminal() {
+    if state.is_terminal() {
         done.push(seq);
     }
+    // Every ended task is announced; the dependents cancelled are all but this one.
+    let cascaded = done.len() as u64 - u64::from(state.is_terminal());
     notify_changes(tx, ready, &done)?;
-    Ok(Some(state))
+    Ok(Some((state, cascaded)))
+}
+
+/// Keeps the newest `max` dead letters; the older ones stop being dead letters and lose their
+/// payloads (their rows then age out like any finished task's).
+pub(super) fn enforce_dead_letter_limit(
+    tx: &mut impl postgres::GenericClient,
+    max: i64,
+) -> Result<u64, postgres::Error> {
+    tx.execute(
+        "UPDATE tasq_tasks SET dead = false, payload = NULL
+         WHERE id IN (SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC OFFSET $1)",
+        &[&max],
+    )
 }
 
 /// Cancels, transitively, the blocked dependents of `root` (which failed or was cancelled):

@@ -399,25 +399,26 @@ impl PgStore {
 
     /// Registers a waiter for `seq`; if the row is terminal already, publishes it at once.
     fn watch_seq(&self, seq: i64, completion: &Arc<Completion>) {
-        {
+        let registered = {
             let mut waiters = self.waiters.lock();
-            if waiters.get(&seq).is_some_and(|w| w.strong_count() > 0) {
-                return;
+            match waiters.get(&seq).and_then(Weak::upgrade) {
+                Some(live) => Arc::ptr_eq(&live, completion),
+                None => {
+                    waiters.insert(seq, Arc::downgrade(completion));
+                    false
+                }
             }
-            waiters.insert(seq, Arc::downgrade(completion));
+        };
+        if !registered {
+            // Newly registered (the poll forgot it, or the pool had published another
+            // completion): the task may have ended meanwhile.
+            self.publish_seq(seq);
         }
-        // Marked watched under the row's lock: either the task ends after this (and its
-        // ending notifies), or it had ended (and the row says so).
-        let sql = format!(
-            "UPDATE tasq_tasks SET watched = true WHERE id = $1 RETURNING {}",
-            Self::OUTCOME_COLUMNS
-        );
-        if let Ok(Some(row)) = self.with_conn(|c| c.query_opt(&sql, &[&seq])) {
-            let status: &str = row.get("status");
-            if matches!(status, "succeeded" | "failed" | "cancelled") {
-                self.publish_row(seq, &row);
-            }
-        }
+    }
+
+    /// The dead-letter limit, as the statements take it.
+    fn max_dead_letters(&self) -> i64 {
+        i64::try_from(self.retention.max_dead_letters).unwrap_or(i64::MAX)
     }
 
     /// Fires the token of a task running here whose cancel was asked for.
@@ -472,6 +473,7 @@ fn insert_task(
     }
     let mut pending = Vec::new();
     let mut doomed: Option<(CancelReason, i64)> = None;
+    let mut states: HashMap<i64, String> = HashMap::new();
     if !dependencies.is_empty() {
         let mut seqs = Vec::with_capacity(dependencies.len());
         for dependency in dependencies {
@@ -487,8 +489,7 @@ fn insert_task(
              RETURNING id, status",
             &[&seqs],
         )?;
-        let states: HashMap<i64, String> =
-            found.iter().map(|row| (row.get(0), row.get(1))).collect();
+        states = found.iter().map(|row| (row.get(0), row.get(1))).collect();
         for dependency in dependencies {
             let seq = rows::local_seq(queue, dependency.id()).unwrap_or(0);
             match states.get(&seq).map(String::as_str) {
@@ -555,10 +556,14 @@ fn insert_task(
         return Ok(Ok((row.get(0), true, "")));
     };
     let id: i64 = row.get(0);
-    if !pending.is_empty() {
+    // An edge from every dependency the table still has, ended or not: a dependency that failed
+    // before this task came leads to it, to resubmit it with the dependency's dependents.
+    let mut edges: Vec<i64> = states.keys().copied().collect();
+    edges.sort_unstable();
+    if !edges.is_empty() {
         tx.execute(
             "INSERT INTO tasq_deps (dependency, dependent) SELECT unnest($1::BIGINT[]), $2",
-            &[&pending, &id],
+            &[&edges, &id],
         )?;
     }
     Ok(Ok((id, false, status)))
@@ -657,17 +662,26 @@ impl Store for PgStore {
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
             let inserted = insert_task(&mut tx, queue, &insert, task.dependencies)?;
-            match inserted {
-                Ok((_, false, "ready")) if delay.is_zero() => notify(&mut tx, "ready")?,
-                Ok(_) => {}
+            let completions = match inserted {
+                Ok(row) => {
+                    if let (_, false, "ready") = row {
+                        if delay.is_zero() {
+                            notify(&mut tx, "ready")?;
+                        }
+                    }
+                    // Registered before the commit: no ending can be announced before it.
+                    self.completions_for(&[row])
+                }
                 // Refused: nothing of it is kept (dropping the transaction rolls it back).
-                Err(_) => return Ok(inserted),
-            }
+                Err(kind) => return Ok(Err(kind)),
+            };
             tx.commit()?;
-            Ok(inserted)
+            Ok(Ok((inserted.expect("accepted above"), completions)))
         });
         match result {
-            Ok(Ok(inserted)) => Ok(self.accepted(&[inserted]).remove(0)),
+            Ok(Ok((inserted, completions))) => {
+                Ok(self.accepted(&[inserted], completions).remove(0))
+            }
             Ok(Err(kind)) => Err(kind),
             Err(error) => Err(SubmitErrorKind::Store(error)),
         }
@@ -694,10 +708,10 @@ impl Store for PgStore {
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
-            let inserted = insert_batch(&mut tx, queue, &inserts, batch)?;
-            let Ok(rows) = &inserted else {
+            let rows = match insert_batch(&mut tx, queue, &inserts, batch)? {
+                Ok(rows) => rows,
                 // Refused: nothing of it is kept (dropping the transaction rolls it back).
-                return Ok(inserted);
+                Err(refused) => return Ok(Err(refused)),
             };
             let ready_now =
                 rows.iter()
@@ -708,11 +722,13 @@ impl Store for PgStore {
             if ready_now {
                 notify(&mut tx, "ready")?;
             }
+            // Registered before the commit: no ending can be announced before it.
+            let completions = self.completions_for(&rows);
             tx.commit()?;
-            Ok(inserted)
+            Ok(Ok((rows, completions)))
         });
         match result {
-            Ok(Ok(inserted)) => Ok(self.accepted(&inserted)),
+            Ok(Ok((inserted, completions))) => Ok(self.accepted(&inserted, completions)),
             Ok(Err(refused)) => Err(refused),
             Err(error) => Err((0, SubmitErrorKind::Store(error))),
         }
@@ -757,9 +773,15 @@ impl Store for PgStore {
         };
         let mut savepoint = tx.savepoint("tasq_succeed")?;
         let ending = dispatch::Ending::Succeeded(output, Box::new(()));
-        let written = dispatch::write_ending_tx(&mut savepoint, seq, lease, &ending)?;
+        let written = dispatch::write_ending_tx(
+            &mut savepoint,
+            seq,
+            lease,
+            &ending,
+            self.max_dead_letters(),
+        )?;
         savepoint.commit()?;
-        Ok(written == Some(TaskState::Succeeded))
+        Ok(written.is_some_and(|(state, _)| state == TaskState::Succeeded))
     }
 
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
@@ -774,6 +796,7 @@ impl Store for PgStore {
                 return Ok(None);
             };
             let status: String = row.get(0);
+            let mut done = Vec::new();
             let outcome = match status.as_str() {
                 "blocked" | "ready" => {
                     tx.execute(
@@ -782,7 +805,7 @@ impl Store for PgStore {
                         &[&seq],
                     )?;
                     let cascaded = dispatch::cascade(&mut tx, seq, "dependency_cancelled")?;
-                    let mut done = vec![seq];
+                    done.push(seq);
                     done.extend(cascaded);
                     notify(&mut tx, &dispatch::done_payload(&done))?;
                     CancelOutcome::Cancelled
@@ -799,14 +822,17 @@ impl Store for PgStore {
                 other => CancelOutcome::AlreadyFinished(rows::state_of(other, true)),
             };
             tx.commit()?;
-            Ok(Some(outcome))
+            Ok(Some((outcome, done)))
         });
         match result {
-            Ok(Some(outcome)) => {
+            Ok(Some((outcome, done))) => {
                 match outcome {
                     CancelOutcome::Cancelled => {
-                        self.count(|t| t.cancelled += 1);
-                        self.publish_seq(seq);
+                        // The task and the dependents it took with it.
+                        self.count(|t| t.cancelled += done.len() as u64);
+                        for ended in done {
+                            self.publish_seq(ended);
+                        }
                     }
                     CancelOutcome::Signalled => self.fire_local(seq),
                     CancelOutcome::AlreadyFinished(_) => {}
@@ -875,10 +901,10 @@ impl Store for PgStore {
         );
         let row = self.with_conn(|c| c.query_opt(&sql, &[&seq])).ok()??;
         let type_index = self.type_index(row.get("type"))?;
-        let completion = Completion::new();
+        let completion = self.completion_for(seq);
         let status: &str = row.get("status");
         if matches!(status, "succeeded" | "failed" | "cancelled") {
-            completion.publish(self.finished_of_row(&row));
+            self.publish_row(seq, &row);
         }
         Some((type_index, completion))
     }
@@ -936,12 +962,11 @@ impl Store for PgStore {
         type_index: Option<u32>,
         limit: usize,
     ) -> Vec<DeadLetter> {
+        // Pages run in id order across pools, as on the embedded store.
         let after = match after {
-            Some(id) => match self.seq(id) {
-                Some(seq) => seq,
-                None => return Vec::new(),
-            },
-            None => 0,
+            Some(id) if id.pool() == self.queue => i64::try_from(id.seq()).unwrap_or(i64::MAX),
+            Some(id) if id.pool() > self.queue => return Vec::new(),
+            _ => 0,
         };
         let type_name = type_index.map(|i| self.registry.entry(i).name);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -1229,13 +1254,24 @@ impl PgStore {
 
     /// What the caller gets for rows a submit inserted (or found by their keys). The payloads
     /// stay in their slots: the caller drops them, outside any lock.
-    fn accepted(&self, inserted: &[(i64, bool, &'static str)]) -> Vec<Submitted> {
+    fn accepted(
+        &self,
+        inserted: &[(i64, bool, &'static str)],
+        completions: Vec<Arc<Completion>>,
+    ) -> Vec<Submitted> {
         let added = inserted
             .iter()
             .filter(|(_, duplicate, _)| !duplicate)
             .count();
         if added > 0 {
             self.count(|t| t.submitted += added as u64);
+        }
+        let cancelled = inserted
+            .iter()
+            .filter(|&&(_, duplicate, status)| !duplicate && status == "cancelled")
+            .count();
+        if cancelled > 0 {
+            self.count(|t| t.cancelled += cancelled as u64);
         }
         if inserted
             .iter()
@@ -1245,17 +1281,12 @@ impl PgStore {
         }
         inserted
             .iter()
-            .map(|&(seq, duplicate, status)| {
-                let completion = Completion::new();
-                if status == "cancelled" {
-                    // Cancelled at once by a failed or cancelled dependency.
-                    let sql = format!(
-                        "SELECT {} FROM tasq_tasks WHERE id = $1",
-                        Self::OUTCOME_COLUMNS
-                    );
-                    if let Ok(row) = self.with_conn(|c| c.query_one(&sql, &[&seq])) {
-                        completion.publish(self.finished_of_row(&row));
-                    }
+            .zip(completions)
+            .map(|(&(seq, duplicate, status), completion)| {
+                // Cancelled at once by a failed or cancelled dependency, or a duplicate of a
+                // task that may have ended: the row says.
+                if duplicate || status == "cancelled" {
+                    self.publish_seq(seq);
                 }
                 Submitted {
                     id: self.id(seq),
@@ -1263,6 +1294,24 @@ impl PgStore {
                     duplicate,
                 }
             })
+            .collect()
+    }
+
+    /// The completion that the handles to task `seq` in this process share, registered so that
+    /// the task's ending reaches it (the worker's own publish, a notification, or the poll).
+    fn completion_for(&self, seq: i64) -> Arc<Completion> {
+        let mut waiters = self.waiters.lock();
+        if let Some(live) = waiters.get(&seq).and_then(Weak::upgrade) {
+            return live;
+        }
+        let completion = Completion::new();
+        waiters.insert(seq, Arc::downgrade(&completion));
+        completion
+    }
+
+    fn completions_for(&self, rows: &[(i64, bool, &'static str)]) -> Vec<Arc<Completion>> {
+        rows.iter()
+            .map(|&(seq, _, _)| self.completion_for(seq))
             .collect()
     }
 
@@ -1342,20 +1391,24 @@ impl PgStore {
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
             let revived =
-                dispatch::revive(&mut tx, queue, seq, type_name, max_attempts, dependents)?;
-            if revived.is_ok() {
-                notify(&mut tx, "ready")?;
-            }
+                match dispatch::revive(&mut tx, queue, seq, type_name, max_attempts, dependents)? {
+                    Ok(revived) => revived,
+                    // Refused: nothing changed (dropping the transaction rolls it back).
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
+            notify(&mut tx, "ready")?;
+            // Registered before the commit: no ending can be announced before it.
+            let completion = self.completion_for(revived.0);
             tx.commit()?;
-            Ok(revived)
+            Ok(Ok((revived, completion)))
         });
         match result {
-            Ok(Ok((new, brought_back))) => {
+            Ok(Ok(((new, brought_back), completion))) => {
                 self.count(|t| t.submitted += 1 + brought_back.len() as u64);
                 self.wake_fetcher();
                 Ok(Revived {
                     id: self.id(new),
-                    completion: Completion::new(),
+                    completion,
                     dependents: brought_back
                         .into_iter()
                         .map(|(old, new)| (self.id(old), self.id(new)))

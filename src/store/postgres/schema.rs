@@ -25,9 +25,8 @@ const MIGRATIONS: [&str; 1] = [V1];
 ///   increasing, so a downstream system can also refuse a token older than the last it saw.
 /// * `dead` marks a dead letter: a failed task kept, with its payload, until it is taken,
 ///   resubmitted or purged. Retention deletes other terminal rows once `finished_at` is old.
-/// * `has_dependents` and `watched` keep the common completion to one statement: only a task
-///   that others wait for (edges in `tasq_deps`), or whose handle waits in some process (which
-///   then needs a notification), takes the longer path.
+/// * `has_dependents` keeps the common completion to one statement: only a task that others
+///   wait for (edges in `tasq_deps`) takes the longer path.
 /// * A key is unique among live and succeeded tasks (the partial unique index): a failed or
 ///   cancelled task frees it.
 const V1: &str = "
@@ -56,7 +55,6 @@ CREATE TABLE tasq_tasks (
     dead             BOOLEAN NOT NULL DEFAULT false,
     resubmitted_as   BIGINT,
     has_dependents   BOOLEAN NOT NULL DEFAULT false,
-    watched          BOOLEAN NOT NULL DEFAULT false,
     created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),
     finished_at      TIMESTAMPTZ
 );
@@ -71,7 +69,7 @@ CREATE FUNCTION tasq_now() RETURNS TIMESTAMPTZ LANGUAGE sql STABLE AS $$
         now())
 $$;
 
-CREATE INDEX tasq_dequeue ON tasq_tasks (priority DESC, run_at) WHERE status = 'ready';
+CREATE INDEX tasq_dequeue ON tasq_tasks (priority DESC, run_at, id) WHERE status = 'ready';
 CREATE INDEX tasq_leases ON tasq_tasks (lease_until) WHERE status = 'running';
 CREATE INDEX tasq_finished ON tasq_tasks (finished_at)
     WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead;

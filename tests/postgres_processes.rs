@@ -1,0 +1,488 @@
+//! Worker processes on the durable store, killed and stopped by the test: at-least-once
+//! delivery through `kill -9`, fencing of a stale worker, and a connection loss.
+//!
+//! A worker process is this test binary run again with `--ignored --exact worker_process`; its
+//! settings come in environment variables, its commands (`go`, `exit`) on its standard input.
+#![cfg(feature = "postgres")]
+
+mod support_pg;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use postgres::{Client, NoTls};
+use support_pg::TestDb;
+use tasq::{HandlerError, Outcome, Pool, TaskType};
+
+/// Records (task, lease, worker) in `effects`, then succeeds.
+const EFFECT: TaskType<u64, ()> = TaskType::new("effect");
+/// Records its effect, then holds its worker until the process reads `go`; returns the
+/// worker's tag.
+const HOLD: TaskType<u64, String> = TaskType::new("hold");
+
+const EFFECTS_TABLE: &str =
+    "CREATE TABLE effects (task BIGINT NOT NULL, lease BIGINT NOT NULL, worker TEXT NOT NULL)";
+
+// ===== the worker process =====
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
+}
+
+/// Connections for the handlers, taken and put back (a `static` is never dropped: a client
+/// dropped in a thread-local destructor would abort the process, as its runtime needs TLS).
+fn connections() -> &'static Mutex<Vec<Client>> {
+    static CONNECTIONS: OnceLock<Mutex<Vec<Client>>> = OnceLock::new();
+    CONNECTIONS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Inserts this run's effect, on a connection of the process's own.
+fn record(url: &str, tag: &str, task: u64, lease: Option<i64>) -> Result<(), HandlerError> {
+    let spare = connections().lock().unwrap().pop();
+    let mut client = match spare {
+        Some(client) if !client.is_closed() => client,
+        _ => Client::connect(url, NoTls).map_err(HandlerError::retryable)?,
+    };
+    client
+        .execute(
+            "INSERT INTO effects VALUES ($1, $2, $3)",
+            &[&(task as i64), &lease.unwrap_or(-1), &tag],
+        )
+        .map_err(HandlerError::retryable)?;
+    connections().lock().unwrap().push(client);
+    Ok(())
+}
+
+/// `go` lines read from standard input, for `HOLD` handlers.
+fn go() -> &'static (Sender<()>, Receiver<()>) {
+    static GO: OnceLock<(Sender<()>, Receiver<()>)> = OnceLock::new();
+    GO.get_or_init(crossbeam_channel::unbounded)
+}
+
+/// Not a test: the body of a worker process (see the module docs). Runs a durable pool until
+/// it reads `exit`, then shuts it down.
+#[test]
+#[ignore = "a worker process of the multi-process tests, started by them"]
+fn worker_process() {
+    let url = env("TASQ_WORKER_URL");
+    let tag = env("TASQ_WORKER_TAG");
+    let workers: usize = env("TASQ_WORKER_THREADS").parse().unwrap();
+    let lease = Duration::from_millis(env("TASQ_WORKER_LEASE_MS").parse().unwrap());
+    let (effect_url, effect_tag) = (url.clone(), tag.clone());
+    let (hold_url, hold_tag) = (url.clone(), tag.clone());
+    let pool = Pool::builder()
+        .postgres(url)
+        .workers(workers)
+        .lease(lease)
+        .poll_interval(Duration::from_millis(100))
+        .quiet_panics(true)
+        .register(EFFECT, move |ctx, n: &u64| {
+            record(&effect_url, &effect_tag, ctx.id().seq(), ctx.lease_id())?;
+            let _ = n;
+            Ok::<_, HandlerError>(())
+        })
+        .register(HOLD, move |ctx, _: &u64| {
+            record(&hold_url, &hold_tag, ctx.id().seq(), ctx.lease_id())?;
+            let _ = go().1.recv();
+            Ok::<_, HandlerError>(hold_tag.clone())
+        })
+        .build()
+        .unwrap();
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        match line.unwrap().trim() {
+            "go" => go().0.send(()).unwrap(),
+            "exit" => break,
+            _ => {}
+        }
+    }
+    pool.shutdown(Duration::from_secs(10));
+    println!("exited");
+}
+
+// ===== the test's side =====
+
+/// A running worker process.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Worker {
+    fn start(db: &TestDb, tag: &str, threads: usize, lease: Duration) -> Worker {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "worker_process", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env("TASQ_WORKER_URL", &db.url)
+            .env("TASQ_WORKER_TAG", tag)
+            .env("TASQ_WORKER_THREADS", threads.to_string())
+            .env("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker process");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = crossbeam_channel::unbounded();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let worker = Worker {
+            child,
+            stdin,
+            lines,
+        };
+        worker.expect_line("ready");
+        worker
+    }
+
+    fn expect_line(&self, wanted: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                // The test harness may print "test worker_process ... " before it on the line.
+                Ok(line) if line.trim().ends_with(wanted) => return,
+                Ok(_) => {}
+                Err(_) => panic!("the worker process never printed {wanted:?}"),
+            }
+        }
+    }
+
+    fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `kill -9`.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Shuts its pool down and waits for it to exit.
+    fn exit(mut self) {
+        self.send("exit");
+        self.expect_line("exited");
+        self.child.wait().unwrap();
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// Polls `sql` (a count) until it returns at least `n`: the test waits on another process's
+/// writes, which it can only see in the database.
+fn wait_for_count(client: &mut Client, sql: &str, n: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut delay = Duration::from_millis(5);
+    loop {
+        let count: i64 = client.query_one(sql, &[]).unwrap().get(0);
+        if count >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {count} of {n} after a minute"
+        );
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// A producer: a durable pool with no workers, in the test's process.
+fn producer(db: &TestDb) -> Pool {
+    Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(EFFECT, |_, _: &u64| Ok::<_, HandlerError>(()))
+        .register(HOLD, |_, _: &u64| Ok::<_, HandlerError>(String::new()))
+        .build()
+        .unwrap()
+}
+
+/// A small xorshift: the chaos schedule, reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// 6 worker processes with 2 s leases work through the tasks while a random one is killed
+/// with SIGKILL every 1-3 s and restarted. Nothing is lost, nothing unexpected runs, every task
+/// ends succeeded exactly once, and every duplicate effect belongs to a lease that never
+/// completed its task.
+#[test]
+fn kill_9_chaos_loses_nothing() {
+    let Some(db) = TestDb::new() else { return };
+    let tasks: u64 = std::env::var("TASQ_CHAOS_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(50_000);
+    let seed: u64 = std::env::var("TASQ_CHAOS_SEED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0x5EED);
+    let mut sql = db.client();
+    sql.batch_execute(EFFECTS_TABLE).unwrap();
+    let lease = Duration::from_secs(2);
+    let mut workers: Vec<Worker> = (0..6)
+        .map(|i| Worker::start(&db, &format!("w{i}"), 2, lease))
+        .collect();
+    let producer = producer(&db);
+    for chunk in (0..tasks).collect::<Vec<_>>().chunks(5_000) {
+        producer
+            .submit_batch(chunk.iter().map(|&n| EFFECT.task(n)).collect())
+            .unwrap();
+    }
+    let mut rng = Rng(seed | 1);
+    let mut kills = 0;
+    let started = Instant::now();
+    loop {
+        let left: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM tasq_tasks
+                 WHERE status NOT IN ('succeeded', 'failed', 'cancelled')",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "{left} tasks left after ten minutes"
+        );
+        // The chaos schedule: a kill every 1 to 3 seconds.
+        std::thread::sleep(Duration::from_millis(1_000 + rng.below(2_000)));
+        let victim = rng.below(workers.len() as u64) as usize;
+        let tag = format!("w{victim}-{kills}");
+        let dead = std::mem::replace(&mut workers[victim], Worker::start(&db, &tag, 2, lease));
+        dead.kill();
+        kills += 1;
+    }
+    for worker in workers {
+        worker.exit();
+    }
+
+    let count =
+        |sql: &mut Client, query: &str| -> i64 { sql.query_one(query, &[]).unwrap().get(0) };
+    let lost = count(
+        &mut sql,
+        "SELECT count(*) FROM tasq_tasks WHERE status <> 'succeeded'",
+    );
+    let total = count(&mut sql, "SELECT count(*) FROM tasq_tasks");
+    let unexpected = count(
+        &mut sql,
+        "SELECT count(*) FROM effects e
+         WHERE NOT EXISTS (SELECT 1 FROM tasq_tasks t WHERE t.id = e.task)",
+    );
+    // The completing run of each task: exactly one effect under the task's final lease.
+    let completions_without_one_effect = count(
+        &mut sql,
+        "SELECT count(*) FROM tasq_tasks t
+         WHERE (SELECT count(*) FROM effects e WHERE e.task = t.id AND e.lease = t.lease_id) <> 1",
+    );
+    let duplicates = count(
+        &mut sql,
+        "SELECT count(*) FROM effects e JOIN tasq_tasks t ON t.id = e.task
+         WHERE e.lease <> t.lease_id",
+    );
+    // A duplicate's lease completed no task: it is nobody's final lease.
+    let duplicate_leases_that_completed = count(
+        &mut sql,
+        "SELECT count(*) FROM effects e JOIN tasq_tasks t ON t.id = e.task
+         WHERE e.lease <> t.lease_id
+           AND EXISTS (SELECT 1 FROM tasq_tasks c WHERE c.lease_id = e.lease)",
+    );
+    let duplicate_leases = count(
+        &mut sql,
+        "SELECT count(DISTINCT e.lease) FROM effects e JOIN tasq_tasks t ON t.id = e.task
+         WHERE e.lease <> t.lease_id",
+    );
+    println!(
+        "chaos: {total} tasks, {kills} kills, {duplicates} duplicate effects under \
+         {duplicate_leases} leases that never completed, {lost} lost, {unexpected} unexpected, \
+         {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(total, tasks as i64);
+    assert_eq!(lost, 0, "tasks that did not succeed");
+    assert_eq!(unexpected, 0, "effects of tasks that do not exist");
+    assert_eq!(
+        completions_without_one_effect, 0,
+        "a completed lease without exactly one effect"
+    );
+    assert_eq!(
+        duplicate_leases_that_completed, 0,
+        "a duplicate under a completing lease"
+    );
+    assert!(
+        kills > 0,
+        "the run ended before the first kill: too few tasks"
+    );
+    producer.shutdown(Duration::from_secs(10));
+    drop(db);
+}
+
+/// Worker A leases a task and is stopped (SIGSTOP) past its lease; B takes the task over; A
+/// resumes: none of A's writes about the task changes anything while B holds it, and B's
+/// completion stands.
+#[test]
+fn a_stopped_worker_is_fenced_off_when_it_resumes() {
+    let Some(db) = TestDb::new() else { return };
+    let mut sql = db.client();
+    sql.batch_execute(EFFECTS_TABLE).unwrap();
+    let lease = Duration::from_secs(2);
+    let mut a = Worker::start(&db, "A", 1, lease);
+    let producer = producer(&db);
+    let task = producer.submit(HOLD.task(1)).unwrap();
+    let seq = task.id().seq() as i64;
+    wait_for_count(
+        &mut sql,
+        "SELECT count(*) FROM effects WHERE worker = 'A'",
+        1,
+        "A's run",
+    );
+    signal(a.pid(), "-STOP");
+    let a_lease: i64 = sql
+        .query_one("SELECT lease FROM effects WHERE worker = 'A'", &[])
+        .unwrap()
+        .get(0);
+
+    // B: the task comes back when A's lease expires, and B's run holds it.
+    let mut b = Worker::start(&db, "B", 1, lease);
+    wait_for_count(
+        &mut sql,
+        "SELECT count(*) FROM effects WHERE worker = 'B'",
+        1,
+        "B's run",
+    );
+    let b_lease: i64 = sql
+        .query_one("SELECT lease FROM effects WHERE worker = 'B'", &[])
+        .unwrap()
+        .get(0);
+    assert!(b_lease > a_lease, "fencing tokens increase");
+    let row = |sql: &mut Client| -> (String, Option<i64>) {
+        let row = sql
+            .query_one(
+                "SELECT status, lease_id FROM tasq_tasks WHERE id = $1",
+                &[&seq],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let held_by_b = row(&mut sql);
+    assert_eq!(held_by_b, ("running".to_owned(), Some(b_lease)));
+    let b_until: std::time::SystemTime = sql
+        .query_one("SELECT lease_until FROM tasq_tasks WHERE id = $1", &[&seq])
+        .unwrap()
+        .get(0);
+
+    // A resumes, its handler returns, its pool writes the outcome and shuts down: every write
+    // of A about the task (heartbeat, completion) must change nothing.
+    signal(a.pid(), "-CONT");
+    a.send("go");
+    a.exit();
+    assert_eq!(row(&mut sql), held_by_b, "A's writes changed B's task");
+    let until_now: std::time::SystemTime = sql
+        .query_one("SELECT lease_until FROM tasq_tasks WHERE id = $1", &[&seq])
+        .unwrap()
+        .get(0);
+    assert!(until_now >= b_until, "A moved B's lease");
+
+    // B finishes: its completion stands.
+    b.send("go");
+    assert_eq!(
+        task.wait_timeout(Duration::from_secs(30)),
+        Some(Outcome::Succeeded("B".to_owned()))
+    );
+    assert_eq!(row(&mut sql), ("succeeded".to_owned(), Some(b_lease)));
+    b.exit();
+    producer.shutdown(Duration::from_secs(10));
+}
+
+/// Every connection of a running pool is terminated (as a server restart does): the pool
+/// reconnects, and every task ends succeeded exactly once.
+#[test]
+fn terminated_connections_lose_nothing() {
+    let Some(db) = TestDb::new() else { return };
+    let mut sql = db.client();
+    sql.batch_execute(EFFECTS_TABLE).unwrap();
+    let mut worker = Worker::start(&db, "w", 2, Duration::from_secs(2));
+    let producer = producer(&db);
+    let handles = producer
+        .submit_batch((0..3_000).map(|n| EFFECT.task(n)).collect())
+        .unwrap();
+    wait_for_count(
+        &mut sql,
+        "SELECT count(*) FROM effects",
+        500,
+        "the first runs",
+    );
+    let terminated = db.terminate_connections();
+    assert!(terminated > 0, "no connection was terminated");
+    let restarted = Instant::now();
+    let mut sql = db.client();
+    // Resumed within 10 s: new effects appear.
+    let before: i64 = sql
+        .query_one("SELECT count(*) FROM effects", &[])
+        .unwrap()
+        .get(0);
+    wait_for_count(
+        &mut sql,
+        "SELECT count(*) FROM effects",
+        (before + 1).min(3_000),
+        "runs after the connections were terminated",
+    );
+    assert!(
+        restarted.elapsed() < Duration::from_secs(10),
+        "resumed too late"
+    );
+    for handle in &handles {
+        assert_eq!(
+            handle.wait_timeout(Duration::from_secs(60)),
+            Some(Outcome::Succeeded(())),
+            "{} did not succeed",
+            handle.id()
+        );
+    }
+    let not_once: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM tasq_tasks t
+             WHERE t.status <> 'succeeded'
+                OR (SELECT count(*) FROM effects e WHERE e.task = t.id AND e.lease = t.lease_id) <> 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(not_once, 0, "a task not succeeded exactly once");
+    worker.send("noop");
+    worker.exit();
+    producer.check_invariants().unwrap();
+    producer.shutdown(Duration::from_secs(10));
+}
