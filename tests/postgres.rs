@@ -171,3 +171,30 @@ fn a_handler_succeeds_in_its_own_transaction_fenced_by_its_lease() {
     assert_eq!(row.get::<_, serde_json::Value>(1), serde_json::json!(250));
     assert_eq!(pool.stats().totals.succeeded, 1);
 }
+
+/// A handle outlives its durable pool: once another pool (here in the same process, on the same
+/// schema) runs the task, the wait returns with its outcome.
+#[test]
+fn a_handle_returns_after_its_pool_is_dropped_when_another_pool_runs_the_task() {
+    let Some(db) = TestDb::new() else { return };
+    let producer = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    let handle = producer.submit(DOUBLE.task(8)).unwrap();
+    drop(producer);
+    assert_eq!(handle.wait_timeout(Duration::from_millis(200)), None);
+    let worker = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    assert_eq!(
+        handle.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(16))
+    );
+    worker.shutdown(Duration::from_secs(10));
+}

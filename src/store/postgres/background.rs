@@ -15,7 +15,7 @@ use super::{PgStore, rows};
 use crate::sync::Arc;
 
 /// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
-/// (when the pool closes or stops).
+/// (when the pool stops; for the maintenance thread, once no local handle waits any more).
 pub(super) fn spawn(
     name: &'static str,
     store: &Arc<PgStore>,
@@ -41,7 +41,7 @@ struct Timers {
     retain: Instant,
 }
 
-/// The maintenance loop: until the pool stops.
+/// The maintenance loop: until the pool stops and no handle of this process waits for a task.
 pub(super) fn maintain_loop(store: &Arc<PgStore>) {
     let mut listener: Option<Client> = None;
     let mut reconnect_at = Instant::now();
@@ -56,7 +56,9 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
     let reap_every = (store.lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let step = store.poll_interval.min(Duration::from_millis(200));
     loop {
-        if store.local.lock().stopping {
+        // Once the pool stops, only the outcomes of what local handles still wait for matter.
+        let stopping = store.local.lock().stopping;
+        if stopping && !store.has_waiters() {
             return;
         }
         if listener.as_ref().is_none_or(Client::is_closed) && Instant::now() >= reconnect_at {
@@ -74,6 +76,13 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
             None => std::thread::sleep(step),
         }
         let now = Instant::now();
+        if stopping {
+            if now.duration_since(timers.poll) >= store.poll_interval {
+                timers.poll = now;
+                let _ = poll_waiters(store);
+            }
+            continue;
+        }
         if now.duration_since(timers.heartbeat) >= heartbeat_every {
             timers.heartbeat = now;
             let _ = heartbeat(store);

@@ -274,18 +274,22 @@ impl PgStore {
         });
         let sleeper: Weak<PgStore> = Arc::downgrade(&store);
         store.clock.register(sleeper);
-        let threads = [
-            background::spawn("tasq-pg-fetch", &store, dispatch::fetch_loop),
-            background::spawn("tasq-pg-maintain", &store, background::maintain_loop),
-        ];
-        for thread in threads {
-            match thread {
-                Ok(handle) => store.threads.lock().push(handle),
-                Err(error) => {
-                    store.stop_now();
-                    return Err(BuildError::Spawn(error));
-                }
+        // The fetcher is joined at shutdown. The maintenance thread is not: it outlives the
+        // pool while handles of this process still wait (it publishes their outcomes, whichever
+        // process ends their tasks), and exits after the last.
+        let fetcher = background::spawn("tasq-pg-fetch", &store, dispatch::fetch_loop);
+        match fetcher {
+            Ok(handle) => store.threads.lock().push(handle),
+            Err(error) => {
+                store.stop_now();
+                return Err(BuildError::Spawn(error));
             }
+        }
+        if let Err(error) = background::spawn("tasq-pg-maintain", &store, background::maintain_loop)
+        {
+            store.stop_now();
+            store.join_threads();
+            return Err(BuildError::Spawn(error));
         }
         Ok(store)
     }
@@ -1418,6 +1422,13 @@ impl PgStore {
             Ok(Err(kind)) => Err(kind.into_error(id, |s| self.id(s))),
             Err(error) => Err(ResubmitError::Store(id, error)),
         }
+    }
+
+    /// Whether a handle in this process still waits for a task that has not ended.
+    fn has_waiters(&self) -> bool {
+        let mut waiters = self.waiters.lock();
+        waiters.retain(|_, w| w.strong_count() > 0);
+        !waiters.is_empty()
     }
 
     fn join_threads(&self) {
