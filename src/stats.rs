@@ -73,6 +73,10 @@ pub struct Totals {
     /// task the worker held ended failed. User code never counts here: its panics are caught
     /// where it runs.
     pub worker_panics: u64,
+    /// Database operations of the durable store that failed (a lost connection, the server
+    /// away): each was retried with backoff, or its error returned to the caller. Always 0 on
+    /// the embedded store.
+    pub store_errors: u64,
 }
 
 /// What the pool knows of one task.
@@ -180,6 +184,7 @@ impl Totals {
             cancelled: self.cancelled - earlier.cancelled,
             retried: self.retried - earlier.retried,
             worker_panics: self.worker_panics - earlier.worker_panics,
+            store_errors: self.store_errors - earlier.store_errors,
         }
     }
 }

@@ -198,3 +198,72 @@ fn a_handle_returns_after_its_pool_is_dropped_when_another_pool_runs_the_task() 
     );
     worker.shutdown(Duration::from_secs(10));
 }
+
+const OTHER: TaskType<u32, u32> = TaskType::new("other");
+
+/// Bad rows in the table: a payload that no longer deserializes becomes a dead letter with a
+/// clear reason (the worker carries on), and a task of a type no pool registered is left alone,
+/// counted in the stats.
+#[test]
+fn bad_rows_become_dead_letters_or_are_left_alone() {
+    let Some(db) = TestDb::new() else { return };
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .register(OTHER, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .build()
+        .unwrap();
+    let mut sql = db.client();
+    let bad: i64 = sql
+        .query_one(
+            "INSERT INTO tasq_tasks (type, payload, priority, status, max_attempts)
+             VALUES ('double', '\"not a number\"', 5, 'ready', 3) RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let unknown: i64 = sql
+        .query_one(
+            "INSERT INTO tasq_tasks (type, payload, priority, status, max_attempts)
+             VALUES ('from_a_newer_version', '1', 9, 'ready', 3) RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    sql.execute(
+        "SELECT pg_notify('tasq_' || current_schema(), 'ready')",
+        &[],
+    )
+    .unwrap();
+    let bad_id = tasq::TaskId::from_parts(pool.id(), bad as u64);
+    let bad_handle = pool.handle(DOUBLE, bad_id).expect("a task of a known type");
+    match bad_handle.wait_timeout(Duration::from_secs(10)) {
+        Some(Outcome::Failed(failure)) => {
+            assert_eq!(failure.reason, tasq::FailureReason::BadPayload);
+            assert!(
+                failure
+                    .error
+                    .starts_with("the payload could not be decoded"),
+                "{}",
+                failure.error
+            );
+        }
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+    assert_eq!(pool.dead_letters()[0].id, bad_id);
+    // The worker carries on.
+    let next = pool.submit(DOUBLE.task(4)).unwrap();
+    assert_eq!(
+        next.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(8))
+    );
+    let unknown_id = tasq::TaskId::from_parts(pool.id(), unknown as u64);
+    assert_eq!(pool.status(unknown_id), Some(TaskState::Ready));
+    assert_eq!(pool.handle(OTHER, unknown_id).map(|h| h.id()), None);
+    let stats = pool.stats();
+    assert_eq!(stats.ready, 1, "the unknown type's task waits, counted");
+    assert_eq!(stats.ready_by_priority, vec![(9, 1)]);
+    assert_eq!(stats.totals.worker_panics, 0);
+    pool.shutdown(Duration::from_secs(10));
+}

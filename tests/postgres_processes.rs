@@ -78,6 +78,8 @@ fn worker_process() {
         .workers(workers)
         .lease(lease)
         .poll_interval(Duration::from_millis(100))
+        // Every row stays: the test counts them at the end.
+        .retention(usize::MAX, None)
         .quiet_panics(true)
         .register(EFFECT, move |ctx, n: &u64| {
             record(&effect_url, &effect_tag, ctx.id().seq(), ctx.lease_id())?;
@@ -100,8 +102,9 @@ fn worker_process() {
             _ => {}
         }
     }
+    let store_errors = pool.stats().totals.store_errors;
     pool.shutdown(Duration::from_secs(10));
-    println!("exited");
+    println!("store_errors={store_errors} exited");
 }
 
 // ===== the test's side =====
@@ -141,17 +144,17 @@ impl Worker {
             stdin,
             lines,
         };
-        worker.expect_line("ready");
+        let _ = worker.expect_line("ready");
         worker
     }
 
-    fn expect_line(&self, wanted: &str) {
+    fn expect_line(&self, wanted: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 // The test harness may print "test worker_process ... " before it on the line.
-                Ok(line) if line.trim().ends_with(wanted) => return,
+                Ok(line) if line.trim().ends_with(wanted) => return line,
                 Ok(_) => {}
                 Err(_) => panic!("the worker process never printed {wanted:?}"),
             }
@@ -173,11 +176,17 @@ impl Worker {
         self.child.wait().unwrap();
     }
 
-    /// Shuts its pool down and waits for it to exit.
-    fn exit(mut self) {
+    /// Shuts its pool down, waits for it to exit, and returns how many store errors its pool
+    /// reported.
+    fn exit(mut self) -> u64 {
         self.send("exit");
-        self.expect_line("exited");
+        let line = self.expect_line("exited");
         self.child.wait().unwrap();
+        line.split("store_errors=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("the worker reports its store errors")
     }
 }
 
@@ -213,6 +222,7 @@ fn producer(db: &TestDb) -> Pool {
     Pool::builder()
         .postgres(db.url.clone())
         .workers(0)
+        .retention(usize::MAX, None)
         .register(EFFECT, |_, _: &u64| Ok::<_, HandlerError>(()))
         .register(HOLD, |_, _: &u64| Ok::<_, HandlerError>(String::new()))
         .build()
@@ -286,7 +296,7 @@ fn kill_9_chaos_loses_nothing() {
         kills += 1;
     }
     for worker in workers {
-        worker.exit();
+        let _ = worker.exit();
     }
 
     let count =
@@ -407,7 +417,7 @@ fn a_stopped_worker_is_fenced_off_when_it_resumes() {
     // of A about the task (heartbeat, completion) must change nothing.
     signal(a.pid(), "-CONT");
     a.send("go");
-    a.exit();
+    let _ = a.exit();
     assert_eq!(row(&mut sql), held_by_b, "A's writes changed B's task");
     let until_now: std::time::SystemTime = sql
         .query_one("SELECT lease_until FROM tasq_tasks WHERE id = $1", &[&seq])
@@ -422,7 +432,7 @@ fn a_stopped_worker_is_fenced_off_when_it_resumes() {
         Some(Outcome::Succeeded("B".to_owned()))
     );
     assert_eq!(row(&mut sql), ("succeeded".to_owned(), Some(b_lease)));
-    b.exit();
+    let _ = b.exit();
     producer.shutdown(Duration::from_secs(10));
 }
 
@@ -482,7 +492,8 @@ fn terminated_connections_lose_nothing() {
         .get(0);
     assert_eq!(not_once, 0, "a task not succeeded exactly once");
     worker.send("noop");
-    worker.exit();
+    let store_errors = worker.exit();
+    assert!(store_errors > 0, "the lost connections were not reported");
     producer.check_invariants().unwrap();
     producer.shutdown(Duration::from_secs(10));
 }

@@ -20,7 +20,10 @@ fn base_url() -> Option<&'static str> {
     URL.get_or_init(|| {
         let url = std::env::var("TASQ_PG_URL").unwrap_or_else(|_| LOCAL.to_owned());
         match Client::connect(&url, NoTls) {
-            Ok(_) => Some(url),
+            Ok(mut client) => {
+                drop_stale_schemas(&mut client);
+                Some(url)
+            }
             Err(error) => {
                 if std::env::var_os("TASQ_PG_REQUIRED").is_some() {
                     panic!(
@@ -36,6 +39,24 @@ fn base_url() -> Option<&'static str> {
         }
     })
     .as_deref()
+}
+
+/// Drops the schemas that test processes no longer running left behind (a failed test keeps its
+/// schema for a post-mortem look).
+fn drop_stale_schemas(client: &mut Client) {
+    let Ok(rows) = client.query(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tasq\\_test\\_%'",
+        &[],
+    ) else {
+        return;
+    };
+    for row in rows {
+        let schema: String = row.get(0);
+        let pid = schema.split('_').nth(2).unwrap_or_default();
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+        }
+    }
 }
 
 /// A schema of its own for one test, migrated; dropped with its tables when this is dropped.

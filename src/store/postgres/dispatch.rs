@@ -134,6 +134,18 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
     let count = claimed.len() + bad.len();
     {
         let mut local = store.local.lock();
+        if local.closed || local.stopping {
+            // The pool closed while the claim was in flight: the rows go back at once.
+            drop(local);
+            let claims: Vec<Claim> = claimed.into_iter().map(|(_, _, claim)| claim).collect();
+            let mut leases: Vec<i64> = bad.iter().map(|&(_, lease, _, _)| lease).collect();
+            leases.extend(claims.iter().filter_map(|c| c.lease));
+            store.give_back_leases(&leases);
+            for claim in claims {
+                unwind::drop_quietly(claim.payload);
+            }
+            return Ok(0);
+        }
         // The claim never takes more than asked for (the CTE; tested against the server).
         local.free = local.free.saturating_sub(count);
         for (_, _, claim) in claimed {
@@ -178,7 +190,9 @@ impl PgStore {
     pub(super) fn complete(&self, claim: Claim, outcome: RunOutcome) {
         let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
         let lease = claim.lease.unwrap_or(0);
-        unwind::drop_quietly(claim.payload);
+        // The payload is dropped after the outcome is written and published: its `Drop` is user
+        // code, and may wait for this very task (as on the embedded store).
+        let payload = claim.payload;
         let ending = match outcome {
             RunOutcome::Succeeded(output) => {
                 let codec = self
@@ -207,6 +221,7 @@ impl PgStore {
             }
         };
         self.finish(seq, lease, ending);
+        unwind::drop_quietly(payload);
     }
 
     /// Writes how task `seq`'s run under `lease` ended, fenced by the lease; retried while the

@@ -324,6 +324,18 @@ impl PgStore {
         &self,
         f: impl FnOnce(&mut postgres::Client) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
+        let result = self.try_with_conn(f);
+        if result.is_err() {
+            // Reported in the totals (`store_errors`); the caller retries or returns it.
+            self.count(|t| t.store_errors += 1);
+        }
+        result
+    }
+
+    fn try_with_conn<R>(
+        &self,
+        f: impl FnOnce(&mut postgres::Client) -> Result<R, postgres::Error>,
+    ) -> Result<R, String> {
         let mut conn = self.conn()?;
         if let (Some(base), Some(offset)) = (self.manual_base_us, self.clock.manual_offset()) {
             // A manual clock sets `tasq_now()` on this connection (a test's pool only).
@@ -1225,7 +1237,8 @@ impl PgStore {
             Start::After(delay) => delay,
             Start::At(at) => at.saturating_duration_since(self.clock.now()),
         };
-        if delay > Duration::from_secs(100 * 365 * 24 * 3600) {
+        // The embedded store's bound: 2^64 ns (about 584 years) from now.
+        if delay > Duration::from_nanos(u64::MAX) || self.clock.now().checked_add(delay).is_none() {
             return Err(SubmitErrorKind::TimeOverflow);
         }
         match unwind::catch(|| (codec.encode_payload)(task.payload.peek())) {
@@ -1360,6 +1373,18 @@ impl PgStore {
             return;
         }
         let leases: Vec<i64> = claims.iter().filter_map(|c| c.lease).collect();
+        self.give_back_leases(&leases);
+        for claim in claims {
+            unwind::drop_quietly(claim.payload);
+        }
+    }
+
+    /// Returns the rows of never-started claims to `ready` (the attempt not counted), and
+    /// tells the other pools.
+    fn give_back_leases(&self, leases: &[i64]) {
+        if leases.is_empty() {
+            return;
+        }
         let _ = self.with_conn(|c| {
             c.execute(
                 "UPDATE tasq_tasks SET status = 'ready', lease_id = NULL, lease_until = NULL,
@@ -1369,9 +1394,6 @@ impl PgStore {
             )
         });
         let _ = self.with_conn(|c| notify(c, "ready"));
-        for claim in claims {
-            unwind::drop_quietly(claim.payload);
-        }
     }
 
     /// Resubmits dead letter `id` (and, with `dependents`, the dependents its failure
@@ -1443,9 +1465,13 @@ impl PgStore {
 }
 
 impl crate::clock::Wake for PgStore {
-    /// A manual clock moved: tasks may have come due.
+    /// A manual clock moved: tasks may have come due, and a shutdown's deadline may have
+    /// passed.
     fn wake(&self) {
-        self.wake_fetcher();
+        let mut local = self.local.lock();
+        local.wake = true;
+        self.fetch_cv.notify_one();
+        self.done_cv.notify_all();
     }
 }
 
