@@ -1,11 +1,11 @@
 //! The one module that names `parking_lot` or `loom`: locks, condition variables, atomics and threads.
 //!
 //! Normal builds use `parking_lot`'s `Mutex` and `Condvar` and `std`'s threads; builds with
-//! `RUSTFLAGS="--cfg loom"` use `loom`'s, so the model checker explores the engine's own code.
+//! `RUSTFLAGS="--cfg tasq_loom"` use `loom`'s, so the model checker explores the engine's own code.
 //! Both sides expose the same small API: `Mutex::lock`, `Condvar::{wait, wait_until, notify_one,
 //! notify_all}`, the atomics, and [`spawn`].
 //!
-//! loom's condition variable never times out: under `cfg(loom)` [`Condvar::wait_until`] is a plain
+//! loom's condition variable never times out: under `cfg(tasq_loom)` [`Condvar::wait_until`] is a plain
 //! wait. Nothing that keeps the pool making progress may therefore rely on a timed wait firing; time
 //! moves in models through the manual clock, which notifies its sleepers (see `src/clock.rs`).
 
@@ -14,20 +14,20 @@
 pub use std::sync::{Arc, Weak};
 
 /// Thread-locals: loom's under loom, whose threads share one OS thread.
-#[cfg(loom)]
+#[cfg(tasq_loom)]
 pub use loom::thread_local;
-#[cfg(not(loom))]
+#[cfg(not(tasq_loom))]
 pub use std::thread_local;
 
-#[cfg(not(loom))]
+#[cfg(not(tasq_loom))]
 pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-#[cfg(loom)]
+#[cfg(tasq_loom)]
 pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 // ===== parking_lot (normal builds) =====
 
-#[cfg(not(loom))]
+#[cfg(not(tasq_loom))]
 mod imp {
     use std::time::Instant;
 
@@ -105,9 +105,9 @@ mod imp {
     }
 }
 
-// ===== loom (cfg(loom)) =====
+// ===== loom (cfg(tasq_loom)) =====
 
-#[cfg(loom)]
+#[cfg(tasq_loom)]
 mod imp {
     use std::ops::{Deref, DerefMut};
     use std::time::Instant;

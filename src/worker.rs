@@ -140,7 +140,7 @@ fn run<S: Store, R: Rng>(
     let mut next = store.claim(None);
     while let Some(claim) = next {
         held.set(Some(claim.id));
-        #[cfg(all(test, not(loom)))]
+        #[cfg(all(test, not(tasq_loom)))]
         tests::maybe_inject_engine_panic();
         let entry = store.registry().entry(claim.type_index);
         let ctx = Context::new(
@@ -204,7 +204,7 @@ fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mu
     ))
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tasq_loom)))]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -1,10 +1,10 @@
 //! loom models of the engine's wake-ups, cancels and shutdown, run on the engine's own code.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom`
+//! Run with `RUSTFLAGS="--cfg tasq_loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom`
 //! (`.ci/run` does, with debug assertions on). Each model builds a real pool with one or two
-//! workers; under `cfg(loom)` its locks, condition variables, atomics and threads are loom's (see
+//! workers; under `cfg(tasq_loom)` its locks, condition variables, atomics and threads are loom's (see
 //! `src/sync.rs`), so a lost wake-up shows as a deadlock and a wrong state as a failed assertion.
-#![cfg(loom)]
+#![cfg(tasq_loom)]
 
 use std::time::Duration;
 

@@ -535,7 +535,7 @@ impl Store for MemoryStore {
 }
 
 /// Whether idle workers spin before they sleep (not under loom).
-const SPIN: bool = cfg!(not(loom));
+const SPIN: bool = cfg!(not(tasq_loom));
 const MAX_SPINNERS: usize = 1;
 /// Rounds of 1, 2, 4, … spin-loop hints: 127 in all.
 const SPIN_ROUNDS: u32 = 7;

@@ -1233,7 +1233,7 @@ impl State {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(tasq_loom)))]
 mod tests {
     use std::time::{Duration, Instant};
 
