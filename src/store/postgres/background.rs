@@ -112,15 +112,21 @@ fn listen(url: &str) -> Result<Client, postgres::Error> {
     Ok(client)
 }
 
-/// The words of the notifications that arrive within `wait`.
+/// The words of the notifications that arrive within `wait`: it waits for the first only, then
+/// takes what is already buffered, so a steady stream of notifications can neither hold the
+/// loop's other duties up nor delay the one that wakes the fetcher.
 fn receive(client: &mut Client, wait: Duration) -> Vec<String> {
     let mut words = Vec::new();
     let mut notifications = client.notifications();
-    let mut iter = notifications.timeout_iter(wait);
-    while let Ok(Some(notification)) = iter.next() {
+    let first = notifications.timeout_iter(wait).next();
+    if let Ok(Some(notification)) = first {
         words.extend(notification.payload().split_whitespace().map(str::to_owned));
-        if words.len() > 10_000 {
-            break;
+        let mut buffered = notifications.iter();
+        while let Ok(Some(notification)) = buffered.next() {
+            words.extend(notification.payload().split_whitespace().map(str::to_owned));
+            if words.len() > 10_000 {
+                break;
+            }
         }
     }
     words

@@ -215,6 +215,9 @@ impl PgStore {
         let db = r2d2::Pool::builder()
             .max_size(connections)
             .connection_timeout(Duration::from_secs(10))
+            // No round trip to test a connection at each checkout: a broken one fails its
+            // statement, which is retried (and r2d2 drops a connection that reports closed).
+            .test_on_check_out(false)
             .build(PostgresConnectionManager::new(config, NoTls))
             .map_err(|e| store_error(&e))?;
         let mut conn = db.get().map_err(|e| store_error(&e))?;
