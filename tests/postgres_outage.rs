@@ -56,7 +56,11 @@ fn cluster(action: &str) -> bool {
     };
     Command::new("pg_ctlcluster")
         .args(["--skip-systemctl-redirect", &version, "main", action])
-        .args(if action == "stop" { &["-m", "fast"][..] } else { &[][..] })
+        .args(if action == "stop" {
+            &["-m", "fast"][..]
+        } else {
+            &[][..]
+        })
         .status()
         .is_ok_and(|s| s.success())
 }
@@ -137,7 +141,10 @@ fn the_database_away_for_30_seconds_loses_nothing() {
         "outage of {:.1} s: 3,000 tasks succeeded, {store_errors} store errors reported",
         outage.as_secs_f64()
     );
-    assert_eq!(not_once, 0, "a task not succeeded exactly once under its lease");
+    assert_eq!(
+        not_once, 0,
+        "a task not succeeded exactly once under its lease"
+    );
     assert!(store_errors > 0, "the outage was not reported");
     pool.check_invariants().unwrap();
     pool.shutdown(Duration::from_secs(10));
