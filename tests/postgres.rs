@@ -267,3 +267,55 @@ fn bad_rows_become_dead_letters_or_are_left_alone() {
     assert_eq!(stats.totals.worker_panics, 0);
     pool.shutdown(Duration::from_secs(10));
 }
+
+/// Eight processes' worth of `migrate` at once on an empty schema: one creates the tables, the
+/// others wait for it and find nothing left to do; every call succeeds.
+#[test]
+fn migrations_run_once_when_many_callers_race() {
+    let Some(db) = TestDb::new() else { return };
+    db.client()
+        .batch_execute(
+            "DROP TABLE tasq_tasks, tasq_deps, tasq_schema; DROP SEQUENCE tasq_lease;
+             DROP FUNCTION tasq_now()",
+        )
+        .unwrap();
+    let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, start) = (db.url.clone(), std::sync::Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                tasq::postgres::migrate(&url)
+            })
+        })
+        .collect();
+    let found: Vec<i32> = callers
+        .into_iter()
+        .map(|c| c.join().unwrap().expect("migrate succeeds"))
+        .collect();
+    assert_eq!(found.iter().filter(|&&v| v == 0).count(), 1, "{found:?}");
+    assert!(
+        found
+            .iter()
+            .all(|&v| v == 0 || v == tasq::postgres::SCHEMA_VERSION)
+    );
+    let version: i32 = db
+        .client()
+        .query_one("SELECT version FROM tasq_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, tasq::postgres::SCHEMA_VERSION);
+    // And a pool builds on it.
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    assert_eq!(
+        pool.submit(DOUBLE.task(1))
+            .unwrap()
+            .wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(2))
+    );
+}
