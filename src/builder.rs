@@ -391,6 +391,27 @@ impl Builder<crate::postgres::Postgres> {
         self
     }
 
+    /// How many tasks the pool may claim beyond its free workers, held leased in this process
+    /// until a worker takes them. Claims then go in batches of about this many instead of one
+    /// per freed worker: fewer round trips for short tasks, at the price of tasks waiting here
+    /// that an idle pool elsewhere could have run (and, once claimed, a cancel reaches them
+    /// as it reaches a running task: through the token). Defaults to 0: a pool claims only
+    /// what its workers can start at once. A pool without workers never claims.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let builder = tasq::Pool::builder()
+    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+    ///     .workers(1)
+    ///     .prefetch(9); // claims ten at a time
+    /// # let _ = builder;
+    /// ```
+    pub fn prefetch(mut self, tasks: usize) -> Self {
+        self.store.prefetch = tasks;
+        self
+    }
+
     /// The most database connections the pool opens (besides the one that listens for
     /// notifications). Defaults to the number of workers plus four.
     ///

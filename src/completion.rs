@@ -55,6 +55,21 @@ impl Completion {
         self.cv.notify_all();
     }
 
+    /// Publishes `finished` unless an outcome is published already, which it then hands back
+    /// for the caller to drop outside any lock. For a store that may hear of one ending by two
+    /// routes (the durable store: its own worker, and a notification or poll racing a handle's
+    /// re-registration); both carry the same terminal state, read from the same row.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn publish_first(&self, finished: Finished) -> Option<Finished> {
+        let mut outcome = self.outcome.lock();
+        if outcome.is_some() {
+            return Some(finished);
+        }
+        *outcome = Some(finished);
+        self.cv.notify_all();
+        None
+    }
+
     /// Blocks until the outcome is published, then returns what `read` makes of it (run under
     /// this completion's lock only).
     pub(crate) fn wait_with<R>(&self, read: impl FnOnce(&mut Finished) -> R) -> R {

@@ -319,3 +319,164 @@ fn migrations_run_once_when_many_callers_race() {
         Some(Outcome::Succeeded(2))
     );
 }
+
+/// Successes that end together are written together (one statement, one transaction: their
+/// rows share a `finished_at`), and an ack in such a batch that the row refuses (a cancel was
+/// asked for, or the task has dependents) takes the general path without holding up the
+/// others: the cancelled task ends cancelled, the parent releases its dependent, the rest
+/// succeed once each.
+#[test]
+fn acks_that_arrive_together_are_written_together_and_refusals_take_the_general_path() {
+    const HELD: TaskType<u32, u32> = TaskType::new("held");
+    const CHILD: TaskType<u32, u32> = TaskType::new("child");
+    let Some(db) = TestDb::new() else { return };
+    let workers = 8;
+    let started = std::sync::Arc::new(std::sync::Barrier::new(workers + 1));
+    let release = std::sync::Arc::new(std::sync::Barrier::new(workers + 1));
+    let (s, r) = (started.clone(), release.clone());
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(workers)
+        .register(HELD, move |_, n: &u32| {
+            s.wait();
+            r.wait();
+            Ok::<_, HandlerError>(*n)
+        })
+        .register(CHILD, |_, n: &u32| Ok::<_, HandlerError>(n + 1))
+        .build()
+        .unwrap();
+    let mut grouped = false;
+    for round in 0..5 {
+        let handles: Vec<_> = (0..workers as u32)
+            .map(|i| pool.submit(HELD.task(round * 100 + i)).unwrap())
+            .collect();
+        let (parent, cancelled) = (&handles[0], &handles[1]);
+        let child = pool.submit(CHILD.task(7).after([parent.id()])).unwrap();
+        started.wait();
+        pool.cancel(cancelled.id()).unwrap();
+        release.wait();
+        for (i, handle) in handles.iter().enumerate() {
+            let outcome = handle.wait_timeout(Duration::from_secs(10));
+            if i == 1 {
+                assert!(
+                    matches!(outcome, Some(Outcome::Cancelled(_))),
+                    "{outcome:?}"
+                );
+            } else {
+                assert_eq!(outcome, Some(Outcome::Succeeded(round * 100 + i as u32)));
+            }
+        }
+        assert_eq!(
+            child.wait_timeout(Duration::from_secs(10)),
+            Some(Outcome::Succeeded(8))
+        );
+        let ids: Vec<i64> = handles.iter().map(|h| h.id().seq() as i64).collect();
+        let shared: i64 = db
+            .client()
+            .query_one(
+                "SELECT count(*) - count(DISTINCT finished_at) FROM tasq_tasks
+                 WHERE id = ANY($1) AND status = 'succeeded'",
+                &[&ids],
+            )
+            .unwrap()
+            .get(0);
+        grouped |= shared > 0;
+    }
+    assert!(
+        grouped,
+        "no two of eight simultaneous successes shared a commit in five rounds"
+    );
+    let report = pool.shutdown(Duration::from_secs(10));
+    assert_eq!(report.succeeded, 5 * 8);
+    assert_eq!(report.cancelled, 5);
+    pool.check_invariants().unwrap();
+}
+
+/// `prefetch(n)`: a pool claims up to n tasks beyond its free workers and holds them leased;
+/// a cancel reaches a held task (it ends cancelled once a worker takes it), and shutdown gives
+/// the held ones back to the queue for other pools.
+#[test]
+fn a_prefetching_pool_holds_claims_beyond_its_workers_and_gives_them_back() {
+    const HELD: TaskType<u32, u32> = TaskType::new("held");
+    let Some(db) = TestDb::new() else { return };
+    let started = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let release = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let (s, r) = (started.clone(), release.clone());
+    let producer = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(HELD, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .build()
+        .unwrap();
+    let handles: Vec<_> = (0..10)
+        .map(|i| producer.submit(HELD.task(i)).unwrap())
+        .collect();
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .prefetch(4)
+        .register(HELD, move |ctx, n: &u32| {
+            if *n == 0 {
+                s.wait();
+                r.wait();
+            }
+            if ctx.is_cancelled() {
+                return Err(HandlerError::permanent("cancelled"));
+            }
+            Ok::<_, HandlerError>(*n)
+        })
+        .build()
+        .unwrap();
+    started.wait();
+    let running = |db: &TestDb| -> i64 {
+        db.client()
+            .query_one(
+                "SELECT count(*) FROM tasq_tasks WHERE status = 'running'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    // The claim of the other four happens right after the first; wait for it on the rows.
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while running(&db) < 5 && std::time::Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(running(&db), 5, "one worker and four prefetched");
+    assert_eq!(producer.stats().ready, 5);
+    // Task 1 is held here, not started: the cancel reaches it through its token.
+    pool.cancel(handles[1].id()).unwrap();
+    // Shutdown with task 0 still running: the held claims go back (task 1 ends cancelled),
+    // then task 0 is let go and ends.
+    let shutdown = std::thread::spawn(move || pool.shutdown(Duration::from_secs(10)));
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while running(&db) > 1 && std::time::Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        running(&db),
+        1,
+        "the held claims went back; task 0 still runs"
+    );
+    release.wait();
+    let report = shutdown.join().unwrap();
+    assert_eq!((report.succeeded, report.cancelled), (1, 1), "{report:?}");
+    assert_eq!(
+        handles[0].wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(0))
+    );
+    assert!(
+        matches!(
+            handles[1].wait_timeout(Duration::from_secs(10)),
+            Some(Outcome::Cancelled(_))
+        ),
+        "a cancel of a held task ends it cancelled"
+    );
+    assert_eq!(running(&db), 0, "nothing stays leased");
+    assert_eq!(
+        producer.stats().ready,
+        8,
+        "the other held claims are back in the queue"
+    );
+    producer.shutdown(Duration::from_secs(10));
+}

@@ -272,7 +272,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
 /// letters beyond the limit (their rows then age out like any finished task).
 fn retain(store: &PgStore) -> Result<(), String> {
     let retention = store.retention;
-    store.with_conn(|c| enforce_dead_letter_limit(c, store.max_dead_letters()))?;
+    store.with_conn(|c| enforce_dead_letter_limit(&mut **c, store.max_dead_letters()))?;
     let max_count = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
     let max_age = retention.max_age.map(rows::micros);
     loop {

@@ -23,9 +23,9 @@ pub(super) enum Ending {
     Failed(Failure),
 }
 
-/// The fetcher thread: claims up to as many due tasks as the pool has free workers, in one
-/// statement, whenever it is woken (a notification, a local submit, a freed worker) or a poll
-/// interval passes.
+/// The fetcher thread: claims up to as many due tasks as the pool has free slots (workers plus
+/// prefetch), in one statement, whenever it is woken (a notification, a local submit, a freed
+/// worker) or a poll interval passes.
 pub(super) fn fetch_loop(store: &Arc<PgStore>) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -35,7 +35,7 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
                 if local.closed || local.stopping {
                     return;
                 }
-                if local.free > 0 && local.wake {
+                if local.wake && local.wants_claim(store.prefetch) {
                     local.wake = false;
                     break local.free;
                 }
@@ -69,7 +69,10 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
 /// first, each leased for `$3` microseconds of the database's time. The rows are picked in a
 /// CTE, not in `WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`: with that form,
 /// PostgreSQL may run the subquery more than once and claim more than n rows (bug #15715).
-/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting.
+/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting. The
+/// picked ids are updated through the primary key (`= ANY(ARRAY(...))`, evaluated once): a
+/// join with the CTE would let a generic plan (the statement is prepared once per connection)
+/// hash the whole table.
 pub(crate) const CLAIM: &str = "
     WITH picked AS (
         SELECT id FROM tasq_tasks
@@ -82,7 +85,7 @@ pub(crate) const CLAIM: &str = "
     SET status = 'running', lease_id = nextval('tasq_lease'),
         lease_until = now() + interval '1 microsecond' * $3::BIGINT,
         attempts = t.attempts + 1
-    FROM picked WHERE t.id = picked.id
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at";
 
 /// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
@@ -227,10 +230,10 @@ impl PgStore {
     /// Writes how task `seq`'s run under `lease` ended, fenced by the lease; retried while the
     /// database is away. Then frees the worker's slot and publishes the outcome to local
     /// handles.
-    pub(super) fn finish(&self, seq: i64, lease: i64, ending: Ending) {
+    pub(super) fn finish(&self, seq: i64, lease: i64, mut ending: Ending) {
         let mut delay = Duration::from_millis(20);
         let (written, cascaded) = loop {
-            match self.write_ending(seq, lease, &ending) {
+            match self.write_ending(seq, lease, &mut ending) {
                 Ok(Some((state, cascaded))) => break (Some(state), cascaded),
                 Ok(None) => break (None, 0),
                 Err(_) => {
@@ -255,7 +258,9 @@ impl PgStore {
             }
             // Dependents its ending cancelled.
             local.totals.cancelled += cascaded;
-            self.fetch_cv.notify_one();
+            if local.wants_claim(self.prefetch) {
+                self.fetch_cv.notify_one();
+            }
             self.done_cv.notify_all();
         }
         let waiter = match written {
@@ -265,10 +270,12 @@ impl PgStore {
         let completion = waiter.and_then(|w| w.upgrade());
         match (completion, ending, written) {
             (Some(completion), Ending::Succeeded(_, output), Some(TaskState::Succeeded)) => {
-                completion.publish(crate::completion::Finished::Succeeded(Some(output)));
+                let finished = crate::completion::Finished::Succeeded(Some(output));
+                unwind::drop_quietly(completion.publish_first(finished));
             }
             (Some(completion), Ending::Failed(failure), Some(TaskState::Failed)) => {
-                completion.publish(crate::completion::Finished::Failed(Box::new(failure)));
+                let finished = crate::completion::Finished::Failed(Box::new(failure));
+                unwind::drop_quietly(completion.publish_first(finished));
             }
             (Some(completion), ending, _) => {
                 unwind::drop_quietly(ending);
@@ -286,33 +293,25 @@ impl PgStore {
         &self,
         seq: i64,
         lease: i64,
-        ending: &Ending,
+        ending: &mut Ending,
     ) -> Result<Option<(TaskState, u64)>, String> {
-        // The common cases in one statement: no cancel asked, nobody waits elsewhere, no
-        // dependents to release (checked on the row's latest version, under its lock).
-        let fast = self.with_conn(|c| match ending {
-            // The ending notifies `done:<id>` in the same statement (delivered at its commit),
-            // for handles waiting in other processes.
-            Ending::Succeeded(output, _) => c.execute(
-                "WITH ended AS (
-                     UPDATE tasq_tasks SET status = 'succeeded', output = $3,
-                            finished_at = tasq_now(), lease_until = NULL
+        // The common cases in one statement: no cancel asked, no dependents to release
+        // (checked on the row's latest version, under its lock).
+        let fast = match ending {
+            // Grouped with other workers' successes (see acks.rs).
+            Ending::Succeeded(output, _) => u64::from(self.acks.succeed(self, seq, lease, output)?),
+            Ending::Retry { delay, error } => self.with_conn(|c| {
+                c.execute(
+                    "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
+                            lease_until = NULL,
+                            run_at = tasq_now() + interval '1 microsecond' * $4::BIGINT
                      WHERE id = $1 AND lease_id = $2 AND status = 'running'
-                       AND cancel_requested IS NULL AND NOT has_dependents
-                     RETURNING id
-                 )
-                 SELECT pg_notify('tasq_' || current_schema(), 'done:' || id) FROM ended",
-                &[&seq, &lease, output],
-            ),
-            Ending::Retry { delay, error } => c.execute(
-                "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
-                        lease_until = NULL, run_at = tasq_now() + interval '1 microsecond' * $4::BIGINT
-                 WHERE id = $1 AND lease_id = $2 AND status = 'running'
-                   AND cancel_requested IS NULL",
-                &[&seq, &lease, error, &rows::micros(*delay)],
-            ),
-            Ending::Failed(_) => Ok(0),
-        })?;
+                       AND cancel_requested IS NULL",
+                    &[&seq, &lease, error, &rows::micros(*delay)],
+                )
+            })?,
+            Ending::Failed(_) => 0,
+        };
         if fast == 1 {
             let state = match ending {
                 Ending::Succeeded(..) => TaskState::Succeeded,

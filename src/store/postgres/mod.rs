@@ -29,7 +29,9 @@
 //! `Local` is the only state under a lock here; SQL never runs while it is held, nor does user
 //! code (payloads are decoded, outputs encoded and values dropped outside it).
 
+mod acks;
 mod background;
+mod conn;
 mod dispatch;
 mod rows;
 mod schema;
@@ -40,7 +42,6 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use postgres::{GenericClient, NoTls, Row};
-use r2d2_postgres::PostgresConnectionManager;
 use serde_json::Value;
 
 use crate::cancel::CancelToken;
@@ -66,7 +67,7 @@ use crate::unwind;
 /// ```
 pub const SCHEMA_VERSION: i32 = schema::VERSION;
 
-type Db = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+type Db = r2d2::Pool<conn::Connector>;
 
 /// The settings of a durable pool: where the database is, and how leases and polling behave.
 /// Made by [`Builder::postgres`](crate::Builder::postgres); see the `Builder<Postgres>` methods.
@@ -85,6 +86,7 @@ pub struct Postgres {
     pub(crate) lease: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) connections: Option<u32>,
+    pub(crate) prefetch: usize,
 }
 
 impl Postgres {
@@ -94,6 +96,7 @@ impl Postgres {
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(500),
             connections: None,
+            prefetch: 0,
         }
     }
 }
@@ -125,6 +128,10 @@ pub mod testing {
     /// The store's claim statement (see `dispatch::CLAIM`).
     pub const CLAIM: &str = super::dispatch::CLAIM;
 
+    /// The store's ack of successes: `$1` row ids, `$2` their leases, `$3` their outputs
+    /// (see `acks::ACK`).
+    pub const ACK: &str = super::acks::ACK;
+
     /// Runs the store's claim: up to `limit` ready, due tasks of `types`, each leased for
     /// `lease_us` microseconds. Returns (row id, lease id) of each.
     pub fn claim(
@@ -150,7 +157,7 @@ struct Local {
     /// Claimed, leased, not started yet (given back at shutdown).
     queue: VecDeque<Claim>,
     running: HashMap<i64, Held>,
-    /// Worker slots neither running a task nor promised one in `queue`.
+    /// Slots (workers plus prefetch) neither running a task nor holding one in `queue`.
     free: usize,
     /// The fetcher should claim now (a notification, a local submit, a finished task).
     wake: bool,
@@ -165,6 +172,14 @@ struct Local {
     totals: Totals,
 }
 
+impl Local {
+    /// Whether the fetcher should claim (when woken): a slot is free and, with prefetch, a
+    /// batch's worth of slots is, or the workers have nothing left to take.
+    fn wants_claim(&self, prefetch: usize) -> bool {
+        self.free > 0 && (self.free >= prefetch || self.queue.is_empty())
+    }
+}
+
 /// The durable store of one pool.
 pub(crate) struct PgStore {
     queue: u64,
@@ -177,6 +192,8 @@ pub(crate) struct PgStore {
     /// With a manual clock: the database's time when the pool started, in microseconds since
     /// the epoch; `tasq_now()` is that plus how far the clock moved.
     manual_base_us: Option<i64>,
+    /// Claims held beyond the free workers (see `Builder::prefetch`).
+    prefetch: usize,
     /// The names of the types this pool runs (it claims no other).
     types: Vec<String>,
     local: Mutex<Local>,
@@ -188,6 +205,8 @@ pub(crate) struct PgStore {
     done_cv: Condvar,
     /// Handles waiting in this process, by row id.
     waiters: Mutex<HashMap<i64, Weak<Completion>>>,
+    /// Successes waiting to be written together.
+    acks: acks::Acks,
     clock: Clock,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -218,10 +237,10 @@ impl PgStore {
             // No round trip to test a connection at each checkout: a broken one fails its
             // statement, which is retried (and r2d2 drops a connection that reports closed).
             .test_on_check_out(false)
-            .build(PostgresConnectionManager::new(config, NoTls))
+            .build(conn::Connector::new(config))
             .map_err(|e| store_error(&e))?;
         let mut conn = db.get().map_err(|e| store_error(&e))?;
-        let queue = match schema::read(&mut *conn).map_err(|e| store_error(&e))? {
+        let queue = match schema::read(&mut **conn).map_err(|e| store_error(&e))? {
             Some((version, queue)) if version == SCHEMA_VERSION => queue,
             found => {
                 return Err(BuildError::Store(format!(
@@ -243,6 +262,7 @@ impl PgStore {
             None => None,
         };
         drop(conn);
+        let prefetch = settings.prefetch;
         let types = (0..registry.len())
             .map(|i| registry.entry(i).name.to_owned())
             .collect();
@@ -255,11 +275,13 @@ impl PgStore {
             poll_interval: settings.poll_interval,
             retention,
             manual_base_us,
+            prefetch,
             types,
             local: Mutex::new(Local {
                 queue: VecDeque::new(),
                 running: HashMap::new(),
-                free: workers,
+                // A pool without workers claims nothing, prefetch or not.
+                free: if workers == 0 { 0 } else { workers + prefetch },
                 wake: true,
                 closed: false,
                 stopping: false,
@@ -272,6 +294,7 @@ impl PgStore {
             fetch_cv: Condvar::new(),
             done_cv: Condvar::new(),
             waiters: Mutex::new(HashMap::new()),
+            acks: acks::Acks::default(),
             clock,
             threads: Mutex::new(Vec::new()),
         });
@@ -307,7 +330,7 @@ impl PgStore {
 
     /// A connection from the pool, retried with backoff while the database is unreachable (up
     /// to a minute: past that the caller's operation fails).
-    fn conn(&self) -> Result<r2d2::PooledConnection<PostgresConnectionManager<NoTls>>, String> {
+    fn conn(&self) -> Result<r2d2::PooledConnection<conn::Connector>, String> {
         let mut delay = Duration::from_millis(50);
         let give_up = Instant::now() + Duration::from_secs(60);
         loop {
@@ -325,7 +348,7 @@ impl PgStore {
     /// Runs `f` on a connection; a database error is returned as text.
     fn with_conn<R>(
         &self,
-        f: impl FnOnce(&mut postgres::Client) -> Result<R, postgres::Error>,
+        f: impl FnOnce(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
         let result = self.try_with_conn(f);
         if result.is_err() {
@@ -337,7 +360,7 @@ impl PgStore {
 
     fn try_with_conn<R>(
         &self,
-        f: impl FnOnce(&mut postgres::Client) -> Result<R, postgres::Error>,
+        f: impl FnOnce(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
         let mut conn = self.conn()?;
         if let (Some(base), Some(offset)) = (self.manual_base_us, self.clock.manual_offset()) {
@@ -368,7 +391,7 @@ impl PgStore {
             return;
         };
         let finished = self.finished_of_row(row);
-        completion.publish(finished);
+        unwind::drop_quietly(completion.publish_first(finished));
     }
 
     /// A terminal row's outcome, with its output decoded (outside any lock: the output's
@@ -1110,6 +1133,13 @@ impl Store for PgStore {
         }
         let given_back: Vec<Claim> = local.queue.drain(..).collect();
         local.free += given_back.len();
+        // Never started: nothing runs for them here any more (and shutdown waits only for
+        // what runs).
+        for claim in &given_back {
+            if let Some(seq) = rows::local_seq(self.queue, claim.id) {
+                local.running.remove(&seq);
+            }
+        }
         self.work_cv.notify_all();
         self.fetch_cv.notify_all();
         drop(local);
@@ -1383,20 +1413,43 @@ impl PgStore {
     }
 
     /// Returns the rows of never-started claims to `ready` (the attempt not counted), and
-    /// tells the other pools.
+    /// tells the other pools. A row whose cancel was asked for while it was held ends
+    /// cancelled instead, with its dependents, as the reaper ends it.
     fn give_back_leases(&self, leases: &[i64]) {
         if leases.is_empty() {
             return;
         }
-        let _ = self.with_conn(|c| {
-            c.execute(
-                "UPDATE tasq_tasks SET status = 'ready', lease_id = NULL, lease_until = NULL,
-                        attempts = attempts - 1
-                 WHERE lease_id = ANY($1) AND status = 'running'",
+        let cancelled = self.with_conn(|c| {
+            let mut tx = c.transaction()?;
+            let rows = tx.query(
+                "UPDATE tasq_tasks SET
+                     status = CASE WHEN cancel_requested IS NULL THEN 'ready' ELSE 'cancelled' END,
+                     cancel_reason = cancel_requested,
+                     finished_at = CASE WHEN cancel_requested IS NULL THEN NULL
+                                        ELSE tasq_now() END,
+                     lease_id = NULL, lease_until = NULL, attempts = attempts - 1
+                 WHERE lease_id = ANY($1) AND status = 'running'
+                 RETURNING id, status, has_dependents",
                 &[&leases],
-            )
+            )?;
+            let mut done = Vec::new();
+            for row in rows
+                .iter()
+                .filter(|row| row.get::<_, &str>(1) == "cancelled")
+            {
+                let id: i64 = row.get(0);
+                if row.get::<_, bool>(2) {
+                    done.extend(dispatch::cascade(&mut tx, id, "dependency_cancelled")?);
+                }
+                done.push(id);
+            }
+            dispatch::notify_changes(&mut tx, true, &done)?;
+            tx.commit()?;
+            Ok(done.len())
         });
-        let _ = self.with_conn(|c| notify(c, "ready"));
+        if let Ok(cancelled) = cancelled {
+            self.count(|t| t.cancelled += cancelled as u64);
+        }
     }
 
     /// Resubmits dead letter `id` (and, with `dependents`, the dependents its failure

@@ -1,9 +1,9 @@
 //! The durable store's tables, created and upgraded by versioned migrations that ship with the
 //! crate and run only when a program calls [`migrate`](crate::postgres::migrate).
 //!
-//! Each migration runs in its own transaction under a transaction-scoped advisory lock, so
-//! several processes may call `migrate` at once: one applies each step, the others wait for it
-//! and then find nothing left to do.
+//! The steps a database lacks run in one transaction under a transaction-scoped advisory lock,
+//! so several processes may call `migrate` at once: one applies them all, the others wait for
+//! it and then find nothing left to do, and no process ever sees a schema between two steps.
 
 use postgres::GenericClient;
 
@@ -98,35 +98,34 @@ CREATE INDEX tasq_deps_dependent ON tasq_deps (dependent);
 
 /// Brings the schema to [`VERSION`]; returns the version it found.
 pub(crate) fn migrate(client: &mut impl GenericClient) -> Result<i32, postgres::Error> {
-    let mut found = None;
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS tasq_schema (
+             version  INT NOT NULL,
+             queue_id BIGINT NOT NULL
+         )",
+    )?;
+    let found = current(&mut tx)?;
     for (step, sql) in (1..).zip(MIGRATIONS) {
-        let mut tx = client.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS tasq_schema (
-                 version  INT NOT NULL,
-                 queue_id BIGINT NOT NULL
-             )",
-        )?;
-        let version = current(&mut tx)?;
-        found.get_or_insert(version.unwrap_or(0));
-        if version.unwrap_or(0) >= step {
-            continue;
+        if found.unwrap_or(0) < step {
+            tx.batch_execute(sql)?;
         }
-        tx.batch_execute(sql)?;
-        if version.is_none() {
-            // The queue's id: the first half of every task id, the same in every process.
-            tx.execute(
-                "INSERT INTO tasq_schema (version, queue_id)
-                 VALUES ($1, 1 + (random() * 4.6e18)::BIGINT)",
-                &[&step],
-            )?;
-        } else {
-            tx.execute("UPDATE tasq_schema SET version = $1", &[&step])?;
-        }
-        tx.commit()?;
     }
-    Ok(found.unwrap_or(VERSION))
+    match found {
+        // The queue's id: the first half of every task id, the same in every process.
+        None => tx.execute(
+            "INSERT INTO tasq_schema (version, queue_id)
+             VALUES ($1, 1 + (random() * 4.6e18)::BIGINT)",
+            &[&VERSION],
+        )?,
+        Some(version) if version < VERSION => {
+            tx.execute("UPDATE tasq_schema SET version = $1", &[&VERSION])?
+        }
+        Some(_) => 0,
+    };
+    tx.commit()?;
+    Ok(found.unwrap_or(0))
 }
 
 /// The schema version and queue id, if the schema exists.
