@@ -12,6 +12,8 @@
 //! * A worker runs the handler and writes the outcome with `WHERE id = $1 AND lease_id = $2`:
 //!   if the lease was lost (it expired and another worker took the task over), the write changes
 //!   nothing and the outcome is dropped. Every write about a leased task carries that check.
+//!   Successes are written in groups: the workers whose acks wait while one is in flight go out
+//!   together in the next statement (see `acks.rs`).
 //! * The *maintenance* thread listens on the channel, extends the leases of the tasks its pool
 //!   runs (heartbeat), fires the tokens of tasks cancelled elsewhere, publishes outcomes to local
 //!   handles, returns expired leases to `ready` (the reaper: at-least-once delivery), and deletes
