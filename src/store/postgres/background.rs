@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
-use super::dispatch::{cascade, enforce_dead_letter_limit, notify_changes};
+use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::{PgStore, rows};
 use crate::sync::Arc;
 
@@ -246,17 +246,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
             let status: &str = row.get(1);
             match status {
                 "ready" => ready = true,
-                _ => {
-                    if row.get::<_, bool>(2) {
-                        let reason = if status == "failed" {
-                            "dependency_failed"
-                        } else {
-                            "dependency_cancelled"
-                        };
-                        done.extend(cascade(&mut tx, id, reason)?);
-                    }
-                    done.push(id);
-                }
+                _ => cascade_ended(&mut tx, id, status, row.get(2), &mut done)?,
             }
         }
         if rows.iter().any(|row| row.get::<_, &str>(1) == "failed") {

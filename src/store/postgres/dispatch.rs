@@ -464,6 +464,28 @@ pub(super) fn cascade(
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
+/// A row that just ended (`failed` or `cancelled`) outside a worker's run, as the reaper and
+/// a shutdown's give-back end them: its dependents are cancelled with it, and every id that
+/// ended goes into `done` for the notification.
+pub(super) fn cascade_ended(
+    tx: &mut Transaction<'_>,
+    id: i64,
+    status: &str,
+    has_dependents: bool,
+    done: &mut Vec<i64>,
+) -> Result<(), postgres::Error> {
+    if has_dependents {
+        let reason = if status == "failed" {
+            "dependency_failed"
+        } else {
+            "dependency_cancelled"
+        };
+        done.extend(cascade(tx, id, reason)?);
+    }
+    done.push(id);
+    Ok(())
+}
+
 /// The notification words that name tasks that ended: ` done:<id>` each.
 pub(super) fn done_payload(ids: &[i64]) -> String {
     ids.iter().map(|id| format!(" done:{id}")).collect()

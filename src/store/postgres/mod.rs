@@ -1439,11 +1439,7 @@ impl PgStore {
                 .iter()
                 .filter(|row| row.get::<_, &str>(1) == "cancelled")
             {
-                let id: i64 = row.get(0);
-                if row.get::<_, bool>(2) {
-                    done.extend(dispatch::cascade(&mut tx, id, "dependency_cancelled")?);
-                }
-                done.push(id);
+                dispatch::cascade_ended(&mut tx, row.get(0), "cancelled", row.get(2), &mut done)?;
             }
             dispatch::notify_changes(&mut tx, true, &done)?;
             tx.commit()?;
