@@ -12,7 +12,7 @@ use super::{Insert, PgStore, insert_task, notify, rows};
 use crate::cancel::CancelToken;
 use crate::error::ResubmitError;
 use crate::store::{Claim, RunOutcome};
-use crate::sync::Arc;
+use crate::sync::{Arc, Weak};
 use crate::task::{Dependency, Failure, FailureReason, TaskId, TaskState};
 use crate::unwind;
 
@@ -244,11 +244,10 @@ impl PgStore {
                 }
             }
         };
+        // Counted first, as on the embedded store: a waiter that wakes sees its task in the
+        // totals.
         {
             let mut local = self.local.lock();
-            local.running.remove(&seq);
-            local.free += 1;
-            local.wake = true;
             match &written {
                 Some(TaskState::Succeeded) => local.totals.succeeded += 1,
                 Some(TaskState::Failed) => local.totals.failed += 1,
@@ -258,32 +257,49 @@ impl PgStore {
             }
             // Dependents its ending cancelled.
             local.totals.cancelled += cascaded;
+        }
+        // Published while the task is still `running` here, so that a notification or the
+        // poll, which skip such tasks (see `publish_row`), cannot publish a copy decoded from
+        // the row first: local handles get the output itself.
+        let terminal = written.is_some_and(TaskState::is_terminal);
+        let waiter = terminal
+            .then(|| self.waiters.lock().get(&seq).and_then(Weak::upgrade))
+            .flatten();
+        let from_row = match (waiter, ending, written) {
+            (Some(completion), Ending::Succeeded(_, output), Some(TaskState::Succeeded)) => {
+                let finished = crate::completion::Finished::Succeeded(Some(output));
+                unwind::drop_quietly(completion.publish_first(finished));
+                false
+            }
+            (Some(completion), Ending::Failed(failure), Some(TaskState::Failed)) => {
+                let finished = crate::completion::Finished::Failed(Box::new(failure));
+                unwind::drop_quietly(completion.publish_first(finished));
+                false
+            }
+            // Cancelled instead: the row says why.
+            (Some(_), ending, _) => {
+                unwind::drop_quietly(ending);
+                true
+            }
+            (None, ending, _) => {
+                unwind::drop_quietly(ending);
+                false
+            }
+        };
+        {
+            let mut local = self.local.lock();
+            local.running.remove(&seq);
+            local.free += 1;
+            local.wake = true;
             if local.wants_claim(self.prefetch) {
                 self.fetch_cv.notify_one();
             }
             self.done_cv.notify_all();
         }
-        let waiter = match written {
-            Some(state) if state.is_terminal() => self.waiters.lock().remove(&seq),
-            _ => None,
-        };
-        let completion = waiter.and_then(|w| w.upgrade());
-        match (completion, ending, written) {
-            (Some(completion), Ending::Succeeded(_, output), Some(TaskState::Succeeded)) => {
-                let finished = crate::completion::Finished::Succeeded(Some(output));
-                unwind::drop_quietly(completion.publish_first(finished));
-            }
-            (Some(completion), Ending::Failed(failure), Some(TaskState::Failed)) => {
-                let finished = crate::completion::Finished::Failed(Box::new(failure));
-                unwind::drop_quietly(completion.publish_first(finished));
-            }
-            (Some(completion), ending, _) => {
-                unwind::drop_quietly(ending);
-                // Cancelled instead: the row says why.
-                self.waiters.lock().insert(seq, Arc::downgrade(&completion));
-                self.publish_seq(seq);
-            }
-            (None, ending, _) => unwind::drop_quietly(ending),
+        if from_row {
+            self.publish_seq(seq);
+        } else if terminal {
+            self.waiters.lock().remove(&seq);
         }
     }
 

@@ -387,7 +387,14 @@ impl PgStore {
     }
 
     /// Publishes the outcome of a terminal row to the handles waiting for it in this process.
+    ///
+    /// Not for a task that a worker of this pool still holds: that worker publishes what it
+    /// wrote (the output itself, not a copy decoded from the row) before it lets go of the
+    /// task (see `finish`).
     fn publish_row(&self, seq: i64, row: &Row) {
+        if self.local.lock().running.contains_key(&seq) {
+            return;
+        }
         let completion = self.waiters.lock().remove(&seq);
         let Some(completion) = completion.and_then(|weak| weak.upgrade()) else {
             return;
