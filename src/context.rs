@@ -272,7 +272,10 @@ impl<'a> Context<'a> {
     ///
     /// # Errors
     ///
-    /// The database's error; the transaction is then as it was before the call.
+    /// [`SucceedInError::Database`](crate::SucceedInError::Database): the database's error; the
+    /// transaction is then as it was before the call.
+    /// [`SucceedInError::Unserializable`](crate::SucceedInError::Unserializable): the output's
+    /// `Serialize` failed, and nothing was written.
     ///
     /// # Examples
     ///
@@ -300,15 +303,14 @@ impl<'a> Context<'a> {
         &self,
         tx: &mut postgres::Transaction<'_>,
         output: &O,
-    ) -> Result<bool, postgres::Error> {
+    ) -> Result<bool, crate::SucceedInError> {
         let Some(lease) = self.lease else {
             return Ok(false);
         };
         // The output's `Serialize` is user code, run on the handler's own thread.
-        let Ok(output) = serde_json::to_value(output) else {
-            return Ok(false);
-        };
-        self.pool.succeed_in(tx, self.id, lease, output)
+        let output = serde_json::to_value(output)
+            .map_err(|e| crate::SucceedInError::Unserializable(e.to_string()))?;
+        Ok(self.pool.succeed_in(tx, self.id, lease, output)?)
     }
 
     /// Which attempt this is: 1 for the first run, 2 for the first retry, and so on.

@@ -298,3 +298,25 @@ pub enum WaitError {
     #[error("a handler cannot wait for its own pool to be idle or empty")]
     FromHandler,
 }
+
+/// Why [`Context::succeed_in`](crate::Context::succeed_in) could not record the success
+/// (feature `postgres`).
+///
+/// # Examples
+///
+/// ```
+/// use tasq::SucceedInError;
+/// let error = SucceedInError::Unserializable("key must be a string".to_owned());
+/// assert_eq!(error.to_string(), "the output could not be serialized: key must be a string");
+/// ```
+#[cfg(feature = "postgres")]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SucceedInError {
+    /// The output's `Serialize` returned an error; nothing was written.
+    #[error("the output could not be serialized: {0}")]
+    Unserializable(String),
+    /// The database's error; the transaction is then as it was before the call.
+    #[error(transparent)]
+    Database(#[from] postgres::Error),
+}

@@ -92,6 +92,8 @@ pub use cancel::{CancelToken, Cancelled};
 pub use clock::ManualClock;
 pub use context::Context;
 pub use dead_letter::DeadLetter;
+#[cfg(feature = "postgres")]
+pub use error::SucceedInError;
 pub use error::{
     BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind, TaskError, WaitError,
 };

@@ -252,6 +252,10 @@ fn bad_rows_become_dead_letters_or_are_left_alone() {
         other => panic!("expected a dead letter, got {other:?}"),
     }
     assert_eq!(pool.dead_letters()[0].id, bad_id);
+    // Its payload cannot be taken as the type's payload, and trying loses nothing.
+    assert_eq!(pool.take_dead_letter(DOUBLE, bad_id), None);
+    assert_eq!(pool.dead_letters().len(), 1, "still a dead letter");
+    assert_eq!(pool.dead_letters()[0].id, bad_id);
     // The worker carries on.
     let next = pool.submit(DOUBLE.task(4)).unwrap();
     assert_eq!(
@@ -479,4 +483,41 @@ fn a_prefetching_pool_holds_claims_beyond_its_workers_and_gives_them_back() {
         "the other held claims are back in the queue"
     );
     producer.shutdown(Duration::from_secs(10));
+}
+
+/// `succeed_in` with an output whose `Serialize` fails says so with a typed error (not as a
+/// lost lease), writes nothing, and the task ends as its handler then returns.
+#[test]
+fn succeed_in_with_an_unserializable_output_is_a_typed_error() {
+    let Some(db) = TestDb::new() else { return };
+    let url = db.url.clone();
+    let (said_tx, said) = crossbeam_channel::unbounded();
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(DOUBLE, move |ctx, n: &u32| {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls)
+                .map_err(HandlerError::retryable)?;
+            let mut tx = client.transaction().map_err(HandlerError::retryable)?;
+            // JSON object keys must be strings: this map does not serialize.
+            let unserializable: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+            let _ = said_tx.send(ctx.succeed_in(&mut tx, &unserializable));
+            drop(tx);
+            Ok::<_, HandlerError>(n * 2)
+        })
+        .build()
+        .unwrap();
+    let handle = pool.submit(DOUBLE.task(4)).unwrap();
+    match said.recv_timeout(Duration::from_secs(10)).unwrap() {
+        Err(tasq::SucceedInError::Unserializable(message)) => {
+            assert!(message.contains("key must be a string"), "{message}");
+        }
+        other => panic!("expected Unserializable, got {other:?}"),
+    }
+    assert_eq!(
+        handle.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(8)),
+        "nothing was written by succeed_in; the handler's own result stands"
+    );
+    pool.shutdown(Duration::from_secs(10));
 }

@@ -95,15 +95,27 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
     let rows = store.with_conn(|c| c.query(CLAIM, &[&store.types, &limit, &lease_us]))?;
     let mut claimed: Vec<(i16, std::time::SystemTime, Claim)> = Vec::with_capacity(rows.len());
     let mut bad = Vec::new();
+    // Every row claimed, as this pool holds it until it ends.
+    let mut held = Vec::with_capacity(rows.len());
     for row in &rows {
         let seq: i64 = row.get(0);
         let type_name: &str = row.get(1);
         let payload: Option<Value> = row.get(2);
         let attempt = u32::try_from(row.get::<_, i32>(3)).unwrap_or(u32::MAX);
         let lease: i64 = row.get(4);
+        // Always found: the claim takes only this pool's types.
         let Some(type_index) = store.type_index(type_name) else {
             continue;
         };
+        let token = CancelToken::new(store.clock.clone());
+        held.push((
+            seq,
+            super::Held {
+                lease,
+                token: token.clone(),
+                type_index,
+            },
+        ));
         let codec = store
             .registry
             .entry(type_index)
@@ -120,7 +132,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                     id: store.id(seq),
                     type_index,
                     attempt,
-                    token: CancelToken::new(store.clock.clone()),
+                    token,
                     payload,
                     lease: Some(lease),
                 },
@@ -134,45 +146,23 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             .then(a.1.cmp(&b.1))
             .then(a.2.id.seq().cmp(&b.2.id.seq()))
     });
-    let count = claimed.len() + bad.len();
+    let count = held.len();
+    let claims = claimed.into_iter().map(|(_, _, claim)| claim);
     {
         let mut local = store.local.lock();
         if local.closed || local.stopping {
             // The pool closed while the claim was in flight: the rows go back at once.
             drop(local);
-            let claims: Vec<Claim> = claimed.into_iter().map(|(_, _, claim)| claim).collect();
-            let mut leases: Vec<i64> = bad.iter().map(|&(_, lease, _, _)| lease).collect();
-            leases.extend(claims.iter().filter_map(|c| c.lease));
-            store.give_back_leases(&leases);
-            for claim in claims {
-                unwind::drop_quietly(claim.payload);
-            }
+            let bad_leases = bad.iter().map(|&(_, lease, _, _)| lease).collect();
+            store.give_back(claims.collect(), bad_leases);
             return Ok(0);
         }
         // The claim never takes more than asked for (the CTE; tested against the server).
         local.free = local.free.saturating_sub(count);
-        for (_, _, claim) in claimed {
-            let seq = rows::local_seq(store.queue, claim.id).unwrap_or(0);
-            local.running.insert(
-                seq,
-                super::Held {
-                    lease: claim.lease.unwrap_or(0),
-                    token: claim.token.clone(),
-                    type_index: claim.type_index,
-                },
-            );
+        local.running.extend(held);
+        for claim in claims {
             local.queue.push_back(claim);
             store.work_cv.notify_one();
-        }
-        for &(seq, lease, _, _) in &bad {
-            local.running.insert(
-                seq,
-                super::Held {
-                    lease,
-                    token: CancelToken::new(store.clock.clone()),
-                    type_index: 0,
-                },
-            );
         }
     }
     // A payload that no longer decodes is a dead letter at once, never a worker's crash.
@@ -269,16 +259,20 @@ impl PgStore {
             (Some(completion), Ending::Succeeded(_, output), Some(TaskState::Succeeded)) => {
                 let finished = crate::completion::Finished::Succeeded(Some(output));
                 unwind::drop_quietly(completion.publish_first(finished));
+                // The last reference, if every handle went meanwhile.
+                unwind::drop_quietly(completion);
                 false
             }
             (Some(completion), Ending::Failed(failure), Some(TaskState::Failed)) => {
                 let finished = crate::completion::Finished::Failed(Box::new(failure));
                 unwind::drop_quietly(completion.publish_first(finished));
+                unwind::drop_quietly(completion);
                 false
             }
             // Cancelled instead: the row says why.
-            (Some(_), ending, _) => {
+            (Some(completion), ending, _) => {
                 unwind::drop_quietly(ending);
+                unwind::drop_quietly(completion);
                 true
             }
             (None, ending, _) => {

@@ -401,6 +401,8 @@ impl PgStore {
         };
         let finished = self.finished_of_row(row);
         unwind::drop_quietly(completion.publish_first(finished));
+        // If every handle went meanwhile, this is the last reference, holding the output.
+        unwind::drop_quietly(completion);
     }
 
     /// A terminal row's outcome, with its output decoded (outside any lock: the output's
@@ -450,16 +452,21 @@ impl PgStore {
 
     /// Registers a waiter for `seq`; if the row is terminal already, publishes it at once.
     fn watch_seq(&self, seq: i64, completion: &Arc<Completion>) {
-        let registered = {
+        let (registered, live) = {
             let mut waiters = self.waiters.lock();
-            match waiters.get(&seq).and_then(Weak::upgrade) {
-                Some(live) => Arc::ptr_eq(&live, completion),
+            let live = waiters.get(&seq).and_then(Weak::upgrade);
+            let registered = match &live {
+                Some(live) => Arc::ptr_eq(live, completion),
                 None => {
                     waiters.insert(seq, Arc::downgrade(completion));
                     false
                 }
-            }
+            };
+            (registered, live)
         };
+        // Outside the lock: another completion's handles may have gone meanwhile, leaving
+        // this the last reference to its output.
+        unwind::drop_quietly(live);
         if !registered {
             // Newly registered (the poll forgot it, or the pool had published another
             // completion): the task may have ended meanwhile.
@@ -1083,21 +1090,35 @@ impl Store for PgStore {
         let seq = self.seq(id)?;
         let entry = self.registry.entry(type_index);
         let codec = entry.codec?;
-        let payload: Value = self
-            .with_conn(|c| {
-                c.query_opt(
-                    "WITH old AS (
-                         SELECT id, payload FROM tasq_tasks
-                         WHERE id = $1 AND dead AND type = $2 FOR UPDATE
-                     )
-                     UPDATE tasq_tasks t SET dead = false, payload = NULL
-                     FROM old WHERE t.id = old.id RETURNING old.payload",
-                    &[&seq, &entry.name],
-                )
-            })
-            .ok()??
-            .get(0);
-        unwind::catch(|| (codec.decode_payload)(payload)).ok()?.ok()
+        // Decoded before the row lets go of it: a payload that no longer decodes stays a dead
+        // letter (listed, and resubmittable after a fix), instead of being lost.
+        self.with_conn(|c| {
+            let mut tx = c.transaction()?;
+            let Some(row) = tx.query_opt(
+                "SELECT payload FROM tasq_tasks WHERE id = $1 AND dead AND type = $2 FOR UPDATE",
+                &[&seq, &entry.name],
+            )?
+            else {
+                return Ok(None);
+            };
+            // The payload's `Deserialize` is user code; no lock of ours is held.
+            let decoded = unwind::catch(|| (codec.decode_payload)(row.get(0)));
+            let Ok(Ok(payload)) = decoded else {
+                return Ok(None);
+            };
+            let taken = tx.execute(
+                "UPDATE tasq_tasks SET dead = false, payload = NULL WHERE id = $1",
+                &[&seq],
+            );
+            match taken.and_then(|_| tx.commit()) {
+                Ok(()) => Ok(Some(payload)),
+                Err(error) => {
+                    unwind::drop_quietly(payload);
+                    Err(error)
+                }
+            }
+        })
+        .ok()?
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
@@ -1140,19 +1161,11 @@ impl Store for PgStore {
         if from_handler {
             local.handlers_in_shutdown += 1;
         }
-        let given_back: Vec<Claim> = local.queue.drain(..).collect();
-        local.free += given_back.len();
-        // Never started: nothing runs for them here any more (and shutdown waits only for
-        // what runs).
-        for claim in &given_back {
-            if let Some(seq) = rows::local_seq(self.queue, claim.id) {
-                local.running.remove(&seq);
-            }
-        }
+        let given_back = self.take_held(&mut local);
         self.work_cv.notify_all();
         self.fetch_cv.notify_all();
         drop(local);
-        self.give_back(given_back);
+        self.give_back(given_back, Vec::new());
         let mut local = self.local.lock();
         let mut deadline_reached = false;
         while local.running.len() > local.handlers_in_shutdown {
@@ -1196,7 +1209,7 @@ impl Store for PgStore {
     }
 
     fn stop_now(&self) {
-        let given_back: Vec<Claim> = {
+        let given_back = {
             let mut local = self.local.lock();
             local.closed = true;
             local.stopping = true;
@@ -1206,9 +1219,9 @@ impl Store for PgStore {
             self.work_cv.notify_all();
             self.fetch_cv.notify_all();
             self.done_cv.notify_all();
-            local.queue.drain(..).collect()
+            self.take_held(&mut local)
         };
-        self.give_back(given_back);
+        self.give_back(given_back, Vec::new());
     }
 
     fn check_invariants(&self) -> Result<(), String> {
@@ -1408,13 +1421,25 @@ impl PgStore {
         }
     }
 
-    /// Gives back the leases of claims that never started: their rows go back to `ready`, the
-    /// attempt not counted. Their payloads are dropped here, outside the lock.
-    fn give_back(&self, claims: Vec<Claim>) {
-        if claims.is_empty() {
-            return;
+    /// Takes the claims waiting for a worker, to give them back: never started, so nothing
+    /// runs for them here any more (and shutdown waits only for what runs).
+    fn take_held(&self, local: &mut Local) -> Vec<Claim> {
+        let held: Vec<Claim> = local.queue.drain(..).collect();
+        local.free += held.len();
+        for claim in &held {
+            if let Some(seq) = rows::local_seq(self.queue, claim.id) {
+                local.running.remove(&seq);
+            }
         }
-        let leases: Vec<i64> = claims.iter().filter_map(|c| c.lease).collect();
+        held
+    }
+
+    /// Gives back the leases of claims that never started, and the `more` leases of rows this
+    /// pool claimed but made no claim of: their rows go back to `ready`, the attempt not
+    /// counted. Their payloads are dropped here, outside the lock.
+    fn give_back(&self, claims: Vec<Claim>, more: Vec<i64>) {
+        let mut leases = more;
+        leases.extend(claims.iter().filter_map(|c| c.lease));
         self.give_back_leases(&leases);
         for claim in claims {
             unwind::drop_quietly(claim.payload);
