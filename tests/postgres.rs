@@ -521,3 +521,50 @@ fn succeed_in_with_an_unserializable_output_is_a_typed_error() {
     );
     pool.shutdown(Duration::from_secs(10));
 }
+
+/// A cancel that cascades to more dependents than one notification can name (PostgreSQL's
+/// payload limit is 8,000 bytes) still commits, and a handle waiting on a dependent in another
+/// pool still hears of it.
+#[test]
+fn a_cascade_too_long_for_one_notification_still_ends_everything() {
+    let Some(db) = TestDb::new() else { return };
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    let root = pool.submit(DOUBLE.task(0)).unwrap();
+    let dependents = pool
+        .submit_batch(
+            (1..=2_000)
+                .map(|n| DOUBLE.task(n).after([root.id()]))
+                .collect(),
+        )
+        .unwrap();
+    let other = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    let last = other.handle(DOUBLE, dependents[1_999].id()).unwrap();
+    let waiter = std::thread::spawn(move || last.wait_timeout(Duration::from_secs(10)));
+    assert_eq!(pool.cancel(root.id()), Ok(tasq::CancelOutcome::Cancelled));
+    assert!(matches!(
+        waiter.join().unwrap(),
+        Some(Outcome::Cancelled(_))
+    ));
+    let cancelled: i64 = db
+        .client()
+        .query_one(
+            "SELECT count(*) FROM tasq_tasks WHERE status = 'cancelled'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(cancelled, 2_001);
+    assert_eq!(pool.stats().totals.cancelled, 2_001);
+    other.shutdown(Duration::from_secs(10));
+    pool.shutdown(Duration::from_secs(10));
+}

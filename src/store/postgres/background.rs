@@ -76,20 +76,17 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
             None => std::thread::sleep(step),
         }
         let now = Instant::now();
-        if stopping {
-            if now.duration_since(timers.poll) >= store.poll_interval {
-                timers.poll = now;
-                let _ = poll_waiters(store);
-            }
-            continue;
-        }
-        if now.duration_since(timers.heartbeat) >= heartbeat_every {
+        if !stopping && now.duration_since(timers.heartbeat) >= heartbeat_every {
             timers.heartbeat = now;
             let _ = heartbeat(store);
         }
         if now.duration_since(timers.poll) >= store.poll_interval {
             timers.poll = now;
-            let _ = poll_waiters(store);
+            poll_waiters(store);
+        }
+        // The rest is for a pool that still runs tasks.
+        if stopping {
+            continue;
         }
         if now.duration_since(timers.reap) >= reap_every {
             timers.reap = now;
@@ -132,20 +129,29 @@ fn receive(client: &mut Client, wait: Duration) -> Vec<String> {
     words
 }
 
-/// Acts on notification words: `ready`, `done:<id>`, `cancel:<id>`.
+/// Acts on notification words: `ready`, `done:<id>`, `done:*` (some tasks ended, too many to
+/// name), `cancel:<id>`.
 fn handle_words(store: &PgStore, words: &[String]) {
-    let mut ready = false;
+    let (mut ready, mut all_ended) = (false, false);
+    let mut ended = Vec::new();
     for word in words {
         if word == "ready" {
             ready = true;
+        } else if word == "done:*" {
+            all_ended = true;
         } else if let Some(id) = word.strip_prefix("done:").and_then(|s| s.parse().ok()) {
-            store.publish_seq(id);
+            ended.push(id);
         } else if let Some(id) = word.strip_prefix("cancel:").and_then(|s| s.parse().ok()) {
             store.fire_local(id);
         }
     }
     if ready {
         store.wake_fetcher();
+    }
+    if all_ended {
+        poll_waiters(store);
+    } else {
+        store.publish_ended(&ended);
     }
 }
 
@@ -184,25 +190,13 @@ fn heartbeat(store: &PgStore) -> Result<(), String> {
 
 /// Publishes the outcomes of awaited tasks that ended (the fallback for a lost notification),
 /// and forgets waiters whose handles are gone.
-fn poll_waiters(store: &PgStore) -> Result<(), String> {
+fn poll_waiters(store: &PgStore) {
     let ids: Vec<i64> = {
         let mut waiters = store.waiters.lock();
         waiters.retain(|_, w| w.strong_count() > 0);
         waiters.keys().copied().collect()
     };
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let sql = format!(
-        "SELECT {} FROM tasq_tasks WHERE id = ANY($1)
-         AND status IN ('succeeded', 'failed', 'cancelled')",
-        PgStore::OUTCOME_COLUMNS
-    );
-    let rows = store.with_conn(|c| c.query(&sql, &[&ids]))?;
-    for row in &rows {
-        store.publish_row(row.get("id"), row);
-    }
-    Ok(())
+    store.publish_ended(&ids);
 }
 
 /// The reaper: running tasks whose lease expired go back to `ready`, or end (failed with their

@@ -374,9 +374,7 @@ pub(super) fn write_ending_tx(
                  WHERE id = $1",
                 &[&seq, &reason],
             )?;
-            if has_dependents {
-                done.extend(cascade(tx, seq, "dependency_cancelled")?);
-            }
+            cascade_ended(tx, seq, "cancelled", has_dependents, &mut done)?;
             TaskState::Cancelled
         }
         (None, Ending::Succeeded(output, _)) => {
@@ -397,6 +395,7 @@ pub(super) fn write_ending_tx(
                 )?;
                 ready = released.iter().any(|r| r.get::<_, bool>(0));
             }
+            done.push(seq);
             TaskState::Succeeded
         }
         (None, Ending::Retry { delay, error }) => {
@@ -421,16 +420,11 @@ pub(super) fn write_ending_tx(
                     &i32::try_from(failure.attempts).unwrap_or(i32::MAX),
                 ],
             )?;
-            if has_dependents {
-                done.extend(cascade(tx, seq, "dependency_failed")?);
-            }
+            cascade_ended(tx, seq, "failed", has_dependents, &mut done)?;
             enforce_dead_letter_limit(tx, max_dead_letters)?;
             TaskState::Failed
         }
     };
-    if state.is_terminal() {
-        done.push(seq);
-    }
     // Every ended task is announced; the dependents cancelled are all but this one.
     let cascaded = done.len() as u64 - u64::from(state.is_terminal());
     notify_changes(tx, ready, &done)?;
@@ -496,12 +490,13 @@ pub(super) fn cascade_ended(
     Ok(())
 }
 
-/// The notification words that name tasks that ended: ` done:<id>` each.
-pub(super) fn done_payload(ids: &[i64]) -> String {
-    ids.iter().map(|id| format!(" done:{id}")).collect()
-}
+/// Longest notification payload sent: PostgreSQL refuses one of 8,000 bytes or more (and
+/// with it the whole transaction).
+const MAX_PAYLOAD: usize = 7_900;
 
-/// Notifies, once, that tasks became ready (`ready`) and that tasks ended (`done`), if any.
+/// Notifies, once, that tasks became ready (`ready`) and that tasks ended (` done:<id>` each),
+/// if any. Too many ended tasks to name in one payload (a long cascade) are announced as
+/// `done:*`: every listening pool then checks all the tasks its handles wait for.
 pub(super) fn notify_changes(
     tx: &mut Transaction<'_>,
     ready: bool,
@@ -515,7 +510,15 @@ pub(super) fn notify_changes(
     } else {
         String::new()
     };
-    payload.push_str(&done_payload(done));
+    for id in done {
+        payload.push_str(" done:");
+        payload.push_str(&id.to_string());
+        if payload.len() > MAX_PAYLOAD {
+            payload.truncate(if ready { "ready".len() } else { 0 });
+            payload.push_str(" done:*");
+            break;
+        }
+    }
     notify(tx, payload.trim_start())
 }
 

@@ -847,7 +847,7 @@ impl Store for PgStore {
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
             let Some(row) = tx.query_opt(
-                "SELECT status, run_at <= tasq_now() FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+                "SELECT status, has_dependents FROM tasq_tasks WHERE id = $1 FOR UPDATE",
                 &[&seq],
             )?
             else {
@@ -862,10 +862,8 @@ impl Store for PgStore {
                          finished_at = tasq_now() WHERE id = $1",
                         &[&seq],
                     )?;
-                    let cascaded = dispatch::cascade(&mut tx, seq, "dependency_cancelled")?;
-                    done.push(seq);
-                    done.extend(cascaded);
-                    notify(&mut tx, &dispatch::done_payload(&done))?;
+                    dispatch::cascade_ended(&mut tx, seq, "cancelled", row.get(1), &mut done)?;
+                    dispatch::notify_changes(&mut tx, false, &done)?;
                     CancelOutcome::Cancelled
                 }
                 "running" => {
@@ -888,9 +886,7 @@ impl Store for PgStore {
                     CancelOutcome::Cancelled => {
                         // The task and the dependents it took with it.
                         self.count(|t| t.cancelled += done.len() as u64);
-                        for ended in done {
-                            self.publish_seq(ended);
-                        }
+                        self.publish_ended(&done);
                     }
                     CancelOutcome::Signalled => self.fire_local(seq),
                     CancelOutcome::AlreadyFinished(_) => {}
@@ -1351,20 +1347,21 @@ impl PgStore {
         {
             self.wake_fetcher();
         }
+        // Cancelled at once by a failed or cancelled dependency, or a duplicate of a task that
+        // may have ended: the rows say.
+        let settled: Vec<i64> = inserted
+            .iter()
+            .filter(|&&(_, duplicate, status)| duplicate || status == "cancelled")
+            .map(|&(seq, _, _)| seq)
+            .collect();
+        self.publish_ended(&settled);
         inserted
             .iter()
             .zip(completions)
-            .map(|(&(seq, duplicate, status), completion)| {
-                // Cancelled at once by a failed or cancelled dependency, or a duplicate of a
-                // task that may have ended: the row says.
-                if duplicate || status == "cancelled" {
-                    self.publish_seq(seq);
-                }
-                Submitted {
-                    id: self.id(seq),
-                    completion,
-                    duplicate,
-                }
+            .map(|(&(seq, duplicate, _), completion)| Submitted {
+                id: self.id(seq),
+                completion,
+                duplicate,
             })
             .collect()
     }
@@ -1408,16 +1405,32 @@ impl PgStore {
 
     /// Publishes a row that became terminal to local waiters (nothing if it is not terminal).
     fn publish_seq(&self, seq: i64) {
-        if !self.waiters.lock().contains_key(&seq) {
+        self.publish_ended(&[seq]);
+    }
+
+    /// Publishes the rows among `seqs` that ended to the handles of this process waiting for
+    /// them, in one query.
+    fn publish_ended(&self, seqs: &[i64]) {
+        let waited: Vec<i64> = {
+            let waiters = self.waiters.lock();
+            seqs.iter()
+                .copied()
+                .filter(|seq| waiters.contains_key(seq))
+                .collect()
+        };
+        if waited.is_empty() {
             return;
         }
         let sql = format!(
-            "SELECT {} FROM tasq_tasks WHERE id = $1
+            "SELECT {} FROM tasq_tasks WHERE id = ANY($1)
              AND status IN ('succeeded', 'failed', 'cancelled')",
             Self::OUTCOME_COLUMNS
         );
-        if let Ok(Some(row)) = self.with_conn(|c| c.query_opt(&sql, &[&seq])) {
-            self.publish_row(seq, &row);
+        // If this fails, the poll publishes them later.
+        if let Ok(rows) = self.with_conn(|c| c.query(&sql, &[&waited])) {
+            for row in &rows {
+                self.publish_row(row.get("id"), row);
+            }
         }
     }
 
