@@ -568,3 +568,21 @@ fn a_cascade_too_long_for_one_notification_still_ends_everything() {
     other.shutdown(Duration::from_secs(10));
     pool.shutdown(Duration::from_secs(10));
 }
+
+/// A pool that cannot reach its database says why, with the server's own message.
+#[test]
+fn a_build_error_carries_the_servers_message() {
+    let Some(db) = TestDb::new() else { return };
+    let url = format!("{} dbname=tasq_no_such_database", db.url);
+    match Pool::builder()
+        .postgres(url)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .build()
+    {
+        Err(tasq::BuildError::Store(message)) => assert!(
+            message.contains("tasq_no_such_database") && message.contains("does not exist"),
+            "{message}"
+        ),
+        other => panic!("expected a store error, got {:?}", other.err()),
+    }
+}

@@ -93,6 +93,22 @@ impl DerefMut for Conn {
     }
 }
 
+/// A database error's text with its causes: the client's own `Display` says only what kind of
+/// error it is ("db error"), and the server's message is its source.
+pub(super) fn describe(error: &postgres::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Opens the pool's connections.
 pub(super) struct Connector {
     config: Config,
@@ -104,19 +120,38 @@ impl Connector {
     }
 }
 
+/// A connection's failure as r2d2 reports it, with the server's message (r2d2 keeps only the
+/// text of the last error).
+#[derive(Debug)]
+pub(super) struct ConnectError(String);
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+impl From<postgres::Error> for ConnectError {
+    fn from(error: postgres::Error) -> Self {
+        ConnectError(describe(&error))
+    }
+}
+
 impl r2d2::ManageConnection for Connector {
     type Connection = Conn;
-    type Error = postgres::Error;
+    type Error = ConnectError;
 
-    fn connect(&self) -> Result<Conn, postgres::Error> {
+    fn connect(&self) -> Result<Conn, ConnectError> {
         Ok(Conn {
             client: self.config.connect(NoTls)?,
             statements: HashMap::new(),
         })
     }
 
-    fn is_valid(&self, conn: &mut Conn) -> Result<(), postgres::Error> {
-        conn.client.simple_query("").map(drop)
+    fn is_valid(&self, conn: &mut Conn) -> Result<(), ConnectError> {
+        Ok(conn.client.simple_query("").map(drop)?)
     }
 
     fn has_broken(&self, conn: &mut Conn) -> bool {

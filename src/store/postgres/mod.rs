@@ -222,27 +222,19 @@ impl PgStore {
         clock: Clock,
         retention: Retention,
     ) -> Result<Arc<PgStore>, BuildError> {
-        let store_error = |e: &dyn fmt::Display| BuildError::Store(e.to_string());
         if let Some(entry) = (0..registry.len())
             .map(|i| registry.entry(i))
             .find(|entry| entry.codec.is_none())
         {
             return Err(BuildError::NotDurable(entry.name));
         }
-        let config: postgres::Config = settings.url.parse().map_err(|e| store_error(&e))?;
-        let connections = settings
-            .connections
-            .unwrap_or_else(|| u32::try_from(workers + 4).unwrap_or(u32::MAX));
-        let db = r2d2::Pool::builder()
-            .max_size(connections)
-            .connection_timeout(Duration::from_secs(10))
-            // No round trip to test a connection at each checkout: a broken one fails its
-            // statement, which is retried (and r2d2 drops a connection that reports closed).
-            .test_on_check_out(false)
-            .build(conn::Connector::new(config))
-            .map_err(|e| store_error(&e))?;
-        let mut conn = db.get().map_err(|e| store_error(&e))?;
-        let queue = match schema::read(&mut **conn).map_err(|e| store_error(&e))? {
+        let store_error = |e: postgres::Error| BuildError::Store(conn::describe(&e));
+        let config: postgres::Config = settings.url.parse().map_err(store_error)?;
+        // One connection first, to check the schema: an unreachable database or a wrong
+        // name fails the build at once, with the server's message (the pool below retries
+        // for its connection timeout).
+        let mut client = config.connect(postgres::NoTls).map_err(store_error)?;
+        let queue = match schema::read(&mut client).map_err(store_error)? {
             Some((version, queue)) if version == SCHEMA_VERSION => queue,
             found => {
                 return Err(BuildError::Store(format!(
@@ -255,15 +247,26 @@ impl PgStore {
         };
         let manual_base_us = match clock.manual_offset() {
             Some(offset) => {
-                let now: i64 = conn
+                let now: i64 = client
                     .query_one("SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::BIGINT", &[])
-                    .map_err(|e| store_error(&e))?
+                    .map_err(store_error)?
                     .get(0);
                 Some(now - rows::micros(offset))
             }
             None => None,
         };
-        drop(conn);
+        drop(client);
+        let connections = settings
+            .connections
+            .unwrap_or_else(|| u32::try_from(workers + 4).unwrap_or(u32::MAX));
+        let db = r2d2::Pool::builder()
+            .max_size(connections)
+            .connection_timeout(Duration::from_secs(10))
+            // No round trip to test a connection at each checkout: a broken one fails its
+            // statement, which is retried (and r2d2 drops a connection that reports closed).
+            .test_on_check_out(false)
+            .build(conn::Connector::new(config))
+            .map_err(|e| BuildError::Store(e.to_string()))?;
         let prefetch = settings.prefetch;
         let types = (0..registry.len())
             .map(|i| registry.entry(i).name.to_owned())
@@ -369,9 +372,9 @@ impl PgStore {
             // A manual clock sets `tasq_now()` on this connection (a test's pool only).
             let now = base.saturating_add(rows::micros(offset));
             let set = format!("SET tasq.manual_now_us = '{now}'");
-            conn.batch_execute(&set).map_err(|e| e.to_string())?;
+            conn.batch_execute(&set).map_err(|e| conn::describe(&e))?;
         }
-        f(&mut conn).map_err(|e| e.to_string())
+        f(&mut conn).map_err(|e| conn::describe(&e))
     }
 
     /// The type index of a row's type name, if this pool registered it.
@@ -805,17 +808,18 @@ impl Store for PgStore {
         // A savepoint: a refusal leaves the caller's transaction as it was.
         let mut savepoint = tx
             .savepoint("tasq_submit")
-            .map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+            .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
         let inserted = insert_task(&mut savepoint, self.queue, &insert, task.dependencies)
-            .map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+            .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
         let (seq, duplicate, status) = inserted?;
         if !duplicate && status == "ready" && delay.is_zero() {
             // Delivered when (and if) the caller commits.
-            notify(&mut savepoint, "ready").map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+            notify(&mut savepoint, "ready")
+                .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
         }
         savepoint
             .commit()
-            .map_err(|e| SubmitErrorKind::Store(e.to_string()))?;
+            .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
         Ok(self.id(seq))
     }
 
