@@ -37,6 +37,11 @@ impl Clock {
         }
     }
 
+    /// `timeout` from now, `None` if it cannot be represented.
+    pub(crate) fn deadline_after(&self, timeout: Duration) -> Option<Instant> {
+        self.now().checked_add(timeout)
+    }
+
     /// Waits on `cv` until notified or until this clock reaches `deadline` (`None`: no deadline).
     ///
     /// May return early (spurious wake-ups, or a manual clock that moved but not far enough):

@@ -9,13 +9,17 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// The JSON side of one task type.
+use crate::unwind;
+
+/// The JSON side of one task type. Each call runs the type's serde impls, which are user
+/// code: a panic in them comes back as an error (`its Serialize panicked: ...`), never
+/// unwinds into the store.
 #[derive(Clone, Copy)]
 pub(crate) struct Codec {
-    pub(crate) encode_payload: fn(&(dyn Any + Send)) -> Result<Value, String>,
-    pub(crate) decode_payload: fn(Value) -> Result<Box<dyn Any + Send>, String>,
-    pub(crate) encode_output: fn(&(dyn Any + Send + Sync)) -> Result<Value, String>,
-    pub(crate) decode_output: fn(Value) -> Result<Box<dyn Any + Send + Sync>, String>,
+    encode_payload: fn(&(dyn Any + Send)) -> Result<Value, String>,
+    decode_payload: fn(Value) -> Result<Box<dyn Any + Send>, String>,
+    encode_output: fn(&(dyn Any + Send + Sync)) -> Result<Value, String>,
+    decode_output: fn(Value) -> Result<Box<dyn Any + Send + Sync>, String>,
 }
 
 impl Codec {
@@ -40,9 +44,33 @@ impl Codec {
             },
         }
     }
+
+    pub(crate) fn encode_payload(&self, payload: &(dyn Any + Send)) -> Result<Value, String> {
+        serialize(|| (self.encode_payload)(payload))
+    }
+
+    pub(crate) fn decode_payload(&self, value: Value) -> Result<Box<dyn Any + Send>, String> {
+        deserialize(|| (self.decode_payload)(value))
+    }
+
+    pub(crate) fn encode_output(&self, output: &(dyn Any + Send + Sync)) -> Result<Value, String> {
+        serialize(|| (self.encode_output)(output))
+    }
+
+    pub(crate) fn decode_output(&self, value: Value) -> Result<Box<dyn Any + Send + Sync>, String> {
+        deserialize(|| (self.decode_output)(value))
+    }
 }
 
 fn encode<T: Serialize>(value: Option<&T>) -> Result<Value, String> {
     let value = value.ok_or_else(|| "a value of another type".to_owned())?;
     serde_json::to_value(value).map_err(|e| e.to_string())
+}
+
+fn serialize<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    unwind::catch(f).unwrap_or_else(|panic| Err(format!("its Serialize panicked: {panic}")))
+}
+
+fn deserialize<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    unwind::catch(f).unwrap_or_else(|panic| Err(format!("its Deserialize panicked: {panic}")))
 }

@@ -369,7 +369,7 @@ impl Pool {
     /// ```
     pub fn wait_idle_timeout(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
         self.refuse_from_handler()?;
-        let deadline = timeout.and_then(|t| self.store.deadline_after(t));
+        let deadline = timeout.and_then(|t| self.store.clock().deadline_after(t));
         self.store.wait_idle(deadline)
     }
 
@@ -402,7 +402,7 @@ impl Pool {
     /// ```
     pub fn wait_empty(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
         self.refuse_from_handler()?;
-        let deadline = timeout.and_then(|t| self.store.deadline_after(t));
+        let deadline = timeout.and_then(|t| self.store.clock().deadline_after(t));
         self.store.wait_empty(deadline)
     }
 
@@ -685,7 +685,7 @@ impl Pool {
     /// ```
     pub fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let started = Instant::now();
-        let deadline = self.store.deadline_after(timeout);
+        let deadline = self.store.clock().deadline_after(timeout);
         // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
         // (another handler may be in shutdown too, waiting for this one's thread).
         let from_handler = self.worker_ids.contains(&sync::current_thread_id());

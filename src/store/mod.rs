@@ -15,6 +15,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::cancel::CancelToken;
+use crate::clock::Clock;
 use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
@@ -195,8 +196,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     /// Blocks until nothing is left at all, or until `deadline` on the store's clock.
     fn wait_empty(&self, deadline: Option<Instant>) -> Result<(), WaitError>;
 
-    /// `timeout` from now on the store's clock, `None` if it cannot be represented.
-    fn deadline_after(&self, timeout: Duration) -> Option<Instant>;
+    /// The clock the store's times and deadlines are on.
+    fn clock(&self) -> &Clock;
 
     /// Closes the store to new tasks, lets the workers drain what can still finish until
     /// `deadline`, then stops it: whatever is left is cancelled, running handlers see their

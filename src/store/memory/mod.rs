@@ -150,10 +150,6 @@ impl MemoryStore {
         self.latest_run_at
     }
 
-    pub(crate) fn clock(&self) -> &Clock {
-        &self.clock
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
     }
@@ -385,8 +381,8 @@ impl Store for MemoryStore {
         self.wait_until_done(deadline, |state, _| state.outstanding() == 0)
     }
 
-    fn deadline_after(&self, timeout: Duration) -> Option<Instant> {
-        self.clock.now().checked_add(timeout)
+    fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Closes the pool, lets the workers drain it until nothing can make progress any more (see

@@ -26,7 +26,7 @@ pub(crate) struct Record {
     pub(crate) since: Stamp,
     /// `None` only while running (the worker holds it) or once dropped after the end.
     pub(crate) payload: Option<Box<dyn Any + Send>>,
-    /// MemoryStore with every handle to the task.
+    /// Shared with every handle to the task.
     pub(crate) completion: Arc<Completion>,
     pub(crate) extra: Option<Box<Extra>>,
 }

@@ -116,15 +116,10 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                 type_index,
             },
         ));
-        let codec = store
-            .registry
-            .entry(type_index)
-            .codec
-            .expect("durable types have codecs");
-        // The payload's `Deserialize` is user code.
-        let decoded = unwind::catch(|| (codec.decode_payload)(payload.unwrap_or(Value::Null)))
-            .unwrap_or_else(|panic| Err(format!("its Deserialize panicked: {panic}")));
-        match decoded {
+        match store
+            .codec(type_index)
+            .decode_payload(payload.unwrap_or(Value::Null))
+        {
             Ok(payload) => claimed.push((
                 row.get(5),
                 row.get(6),
@@ -188,15 +183,9 @@ impl PgStore {
         let payload = claim.payload;
         let ending = match outcome {
             RunOutcome::Succeeded(output) => {
-                let codec = self
-                    .registry
-                    .entry(claim.type_index)
-                    .codec
-                    .expect("durable types have codecs");
-                // The output's `Serialize` is user code.
-                match unwind::catch(|| (codec.encode_output)(&*output)) {
-                    Ok(Ok(value)) => Ending::Succeeded(value, output),
-                    Ok(Err(error)) | Err(error) => {
+                match self.codec(claim.type_index).encode_output(&*output) {
+                    Ok(value) => Ending::Succeeded(value, output),
+                    Err(error) => {
                         unwind::drop_quietly(output);
                         Ending::Failed(Failure::new(
                             FailureReason::BadPayload,

@@ -169,8 +169,6 @@ struct Local {
     stopping: bool,
     live_workers: usize,
     handlers_in_shutdown: usize,
-    /// Idle workers waiting on `work_cv`.
-    idle: usize,
     totals: Totals,
 }
 
@@ -292,7 +290,6 @@ impl PgStore {
                 stopping: false,
                 live_workers: workers,
                 handlers_in_shutdown: 0,
-                idle: 0,
                 totals: Totals::default(),
             }),
             work_cv: Condvar::new(),
@@ -377,6 +374,15 @@ impl PgStore {
         f(&mut conn).map_err(|e| conn::describe(&e))
     }
 
+    /// The codec of registered type `type_index` (every type of a durable pool has one: the
+    /// build refuses others).
+    fn codec(&self, type_index: u32) -> crate::codec::Codec {
+        self.registry
+            .entry(type_index)
+            .codec
+            .expect("durable types have codecs")
+    }
+
     /// The type index of a row's type name, if this pool registered it.
     fn type_index(&self, name: &str) -> Option<u32> {
         self.registry.index_of(name)
@@ -418,13 +424,10 @@ impl PgStore {
                 let output: Option<Value> = row.get("output");
                 let decoded = self
                     .type_index(type_name)
-                    .and_then(|index| self.registry.entry(index).codec)
                     .ok_or_else(|| format!("task type {type_name} is not registered here"))
-                    .and_then(|codec| {
-                        unwind::catch(|| (codec.decode_output)(output.unwrap_or(Value::Null)))
-                            .unwrap_or_else(|panic| {
-                                Err(format!("its Deserialize panicked: {panic}"))
-                            })
+                    .and_then(|index| {
+                        self.codec(index)
+                            .decode_output(output.unwrap_or(Value::Null))
                     });
                 match decoded {
                     Ok(output) => Finished::Succeeded(Some(output)),
@@ -968,11 +971,10 @@ impl Store for PgStore {
     }
 
     fn stats(&self) -> Stats {
-        let (workers, running_here, totals) = {
+        let (workers, totals) = {
             let local = self.local.lock();
-            (local.live_workers, local.running.len(), local.totals)
+            (local.live_workers, local.totals)
         };
-        let _ = running_here;
         let rows = self
             .with_conn(|c| {
                 c.query(
@@ -1102,8 +1104,7 @@ impl Store for PgStore {
                 return Ok(None);
             };
             // The payload's `Deserialize` is user code; no lock of ours is held.
-            let decoded = unwind::catch(|| (codec.decode_payload)(row.get(0)));
-            let Ok(Ok(payload)) = decoded else {
+            let Ok(payload) = codec.decode_payload(row.get(0)) else {
                 return Ok(None);
             };
             let taken = tx.execute(
@@ -1150,8 +1151,8 @@ impl Store for PgStore {
         })
     }
 
-    fn deadline_after(&self, timeout: Duration) -> Option<Instant> {
-        self.clock.now().checked_add(timeout)
+    fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained {
@@ -1241,9 +1242,7 @@ impl Store for PgStore {
             if local.closed {
                 return None;
             }
-            local.idle += 1;
             self.work_cv.wait(&mut local);
-            local.idle -= 1;
         }
     }
 
@@ -1282,11 +1281,7 @@ impl PgStore {
     /// A submission's payload as JSON (its `Serialize` is user code, run inside
     /// `catch_unwind`), and its delay.
     fn prepare(&self, task: &Submission<'_>) -> Result<(Value, Duration), SubmitErrorKind> {
-        let codec = self
-            .registry
-            .entry(task.type_index)
-            .codec
-            .expect("durable types have codecs");
+        let codec = self.codec(task.type_index);
         let delay = match task.start {
             Start::Now => Duration::ZERO,
             Start::After(delay) => delay,
@@ -1296,13 +1291,10 @@ impl PgStore {
         if delay > Duration::from_nanos(u64::MAX) || self.clock.now().checked_add(delay).is_none() {
             return Err(SubmitErrorKind::TimeOverflow);
         }
-        match unwind::catch(|| (codec.encode_payload)(task.payload.peek())) {
-            Ok(Ok(value)) => Ok((value, delay)),
-            Ok(Err(error)) => Err(SubmitErrorKind::Unserializable(error)),
-            Err(panic) => Err(SubmitErrorKind::Unserializable(format!(
-                "its Serialize panicked: {panic}"
-            ))),
-        }
+        let value = codec
+            .encode_payload(task.payload.peek())
+            .map_err(SubmitErrorKind::Unserializable)?;
+        Ok((value, delay))
     }
 
     fn insert_parts<'a>(
