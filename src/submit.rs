@@ -22,6 +22,28 @@ where
     if store.is_closed() {
         return Err(SubmitError::new(SubmitErrorKind::ShutDown, task));
     }
+    let submitted = send(store, task, |submission| store.submit(submission))?;
+    Ok(TaskHandle::new(
+        submitted.id,
+        submitted.completion,
+        Arc::downgrade(store),
+        submitted.duplicate,
+    ))
+}
+
+/// Hands `task` to `store_call` as a [`Submission`]. Accepted: what is left of the task is
+/// dropped here, outside the store's lock (a duplicate's payload, and the dependencies'
+/// handles, whose completions may hold the last reference to an output: user code, each
+/// dropped on its own). Refused: the task comes back whole in the error.
+fn send<P, O, R>(
+    store: &Arc<dyn Store>,
+    task: Task<P, O>,
+    store_call: impl FnOnce(Submission<'_>) -> Result<R, SubmitErrorKind>,
+) -> Result<R, SubmitError<Task<P, O>>>
+where
+    P: Send + 'static,
+    O: Send + Sync + 'static,
+{
     let type_index = match store.registry().type_index(task.ty) {
         Ok(index) => index,
         Err(kind) => return Err(SubmitError::new(kind, task)),
@@ -35,7 +57,7 @@ where
         key,
     } = task;
     let mut payload = Some(payload);
-    let submitted = store.submit(Submission {
+    let submitted = store_call(Submission {
         type_index,
         priority,
         start,
@@ -44,20 +66,10 @@ where
         payload: &mut payload,
     });
     match submitted {
-        Ok(submitted) => {
-            // What is left of the task is dropped here, outside the store's lock: a duplicate's
-            // payload, and the dependencies' handles, whose completions may hold the last
-            // reference to an output (user code, each dropped on its own).
+        Ok(accepted) => {
             unwind::drop_quietly(payload);
-            if !dependencies.is_empty() {
-                dependencies.into_iter().for_each(unwind::drop_quietly);
-            }
-            Ok(TaskHandle::new(
-                submitted.id,
-                submitted.completion,
-                Arc::downgrade(store),
-                submitted.duplicate,
-            ))
+            dependencies.into_iter().for_each(unwind::drop_quietly);
+            Ok(accepted)
         }
         Err(kind) => {
             let payload = payload.expect("a refused task keeps its payload");
@@ -181,49 +193,5 @@ where
     P: Send + 'static,
     O: Send + Sync + 'static,
 {
-    let type_index = match store.registry().type_index(task.ty) {
-        Ok(index) => index,
-        Err(kind) => return Err(SubmitError::new(kind, task)),
-    };
-    let Task {
-        ty,
-        payload,
-        priority,
-        start,
-        dependencies,
-        key,
-    } = task;
-    let mut payload = Some(payload);
-    let submitted = store.submit_in(
-        tx,
-        Submission {
-            type_index,
-            priority,
-            start,
-            dependencies: &dependencies,
-            key: key.as_deref(),
-            payload: &mut payload,
-        },
-    );
-    match submitted {
-        Ok(id) => {
-            unwind::drop_quietly(payload);
-            if !dependencies.is_empty() {
-                dependencies.into_iter().for_each(unwind::drop_quietly);
-            }
-            Ok(id)
-        }
-        Err(kind) => {
-            let payload = payload.expect("a refused task keeps its payload");
-            let task = Task {
-                ty,
-                payload,
-                priority,
-                start,
-                dependencies,
-                key,
-            };
-            Err(SubmitError::new(kind, task))
-        }
-    }
+    send(store, task, |submission| store.submit_in(tx, submission))
 }

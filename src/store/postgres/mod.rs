@@ -642,16 +642,13 @@ fn insert_batch(
     inserts: &[Insert<'_>],
     batch: &[Submission<'_>],
 ) -> Result<Result<Vec<(i64, bool, &'static str)>, (usize, SubmitErrorKind)>, postgres::Error> {
-    let plain: Vec<usize> = (0..inserts.len())
-        .filter(|&i| inserts[i].key.is_none() && batch[i].dependencies.is_empty())
-        .collect();
+    // Tasks without a key or dependencies go in one statement; the others one by one.
+    let is_plain = |i: usize| inserts[i].key.is_none() && batch[i].dependencies.is_empty();
+    let plain: Vec<usize> = (0..inserts.len()).filter(|&i| is_plain(i)).collect();
     let mut inserted = vec![(0, false, "ready"); inserts.len()];
     if !plain.is_empty() {
-        let column = |f: &dyn Fn(&Insert<'_>) -> Value| -> Vec<Value> {
-            plain.iter().map(|&i| f(&inserts[i])).collect()
-        };
         let types: Vec<&str> = plain.iter().map(|&i| inserts[i].type_name).collect();
-        let payloads = column(&|t| t.payload.clone());
+        let payloads: Vec<&Value> = plain.iter().map(|&i| inserts[i].payload).collect();
         let priorities: Vec<i16> = plain.iter().map(|&i| inserts[i].priority).collect();
         let delays: Vec<i64> = plain.iter().map(|&i| inserts[i].delay_us).collect();
         let attempts: Vec<i32> = plain.iter().map(|&i| inserts[i].max_attempts).collect();
@@ -672,7 +669,7 @@ fn insert_batch(
             inserted[index] = (id, false, "ready");
         }
     }
-    for index in (0..inserts.len()).filter(|i| !plain.contains(i)) {
+    for index in (0..inserts.len()).filter(|&i| !is_plain(i)) {
         match insert_task(tx, queue, &inserts[index], batch[index].dependencies)? {
             Ok(row) => inserted[index] = row,
             Err(kind) => return Ok(Err((index, kind))),
@@ -1128,12 +1125,12 @@ impl Store for PgStore {
                 && store
                     .with_conn(|c| {
                         c.query_one(
-                            "SELECT count(*) FROM tasq_tasks WHERE status = 'running'
-                             OR (status = 'ready' AND run_at <= tasq_now())",
+                            "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running'
+                             OR (status = 'ready' AND run_at <= tasq_now()))",
                             &[],
                         )
                     })
-                    .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+                    .is_ok_and(|row| row.get::<_, bool>(0))
         })
     }
 
@@ -1142,12 +1139,12 @@ impl Store for PgStore {
             store
                 .with_conn(|c| {
                     c.query_one(
-                        "SELECT count(*) FROM tasq_tasks
-                         WHERE status IN ('blocked', 'ready', 'running')",
+                        "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks
+                         WHERE status IN ('blocked', 'ready', 'running'))",
                         &[],
                     )
                 })
-                .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+                .is_ok_and(|row| row.get::<_, bool>(0))
         })
     }
 
