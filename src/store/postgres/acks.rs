@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::Value;
 
 use super::PgStore;
+use super::conn::Sql;
 use crate::sync::{Condvar, Mutex};
 use crate::unwind;
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
 
+use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::{PgStore, rows};
 use crate::sync::Arc;
@@ -256,7 +257,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
 /// letters beyond the limit (their rows then age out like any finished task).
 fn retain(store: &PgStore) -> Result<(), String> {
     let retention = store.retention;
-    store.with_conn(|c| enforce_dead_letter_limit(&mut **c, store.max_dead_letters()))?;
+    store.with_conn(|c| enforce_dead_letter_limit(c, store.max_dead_letters()))?;
     let max_count = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
     let max_age = retention.max_age.map(rows::micros);
     loop {

@@ -1,12 +1,13 @@
 //! The store's connections: an r2d2 pool of clients, each keeping the statements it has
-//! prepared, so that a statement the store runs again costs one round trip, not two (the
-//! blocking client prepares a statement given as text before every run of it).
+//! prepared, so that a statement the store runs again, in a transaction or not, costs one round
+//! trip, not two (the blocking client prepares a statement given as text before every run of
+//! it). The store's SQL goes through [`Sql`], so one function serves the store's connections
+//! and a caller's own transaction.
 
 use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
 
 use postgres::types::ToSql;
-use postgres::{Client, Config, NoTls, Row, Statement};
+use postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction};
 
 /// A connection and the statements prepared on it, by their text.
 ///
@@ -16,36 +17,40 @@ use postgres::{Client, Config, NoTls, Row, Statement};
 /// change under a running pool) is prepared afresh on the next try.
 pub(super) struct Conn {
     client: Client,
-    statements: HashMap<String, Statement>,
+    statements: Statements,
 }
 
-impl Conn {
-    /// The prepared statement for `sql`, prepared now if this connection has not yet.
-    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
-        if let Some(statement) = self.statements.get(sql) {
-            return Ok(statement.clone());
-        }
-        let statement = self.client.prepare(sql)?;
-        self.statements.insert(sql.to_owned(), statement.clone());
-        Ok(statement)
-    }
+/// Where the store's statements run: a pooled connection or a transaction on one (both keep
+/// the connection's prepared statements), or a caller's own transaction (prepared at each run).
+/// The statements are given as text; the four methods run them as the client's methods do.
+pub(super) trait Sql {
+    type Client: GenericClient;
 
-    /// Runs `f` with `sql` prepared; on an error, forgets every prepared statement.
+    /// The client to run on.
+    fn client(&mut self) -> &mut Self::Client;
+
+    /// `sql` prepared: kept from an earlier run where this side keeps statements.
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error>;
+
+    /// Forgets the kept statements (after an error: a plan may have gone stale).
+    fn forget(&mut self) {}
+
+    /// Runs `f` with `sql` prepared; on an error, forgets the kept statements.
     fn run<R>(
         &mut self,
         sql: &str,
-        f: impl FnOnce(&mut Client, &Statement) -> Result<R, postgres::Error>,
+        f: impl FnOnce(&mut Self::Client, &Statement) -> Result<R, postgres::Error>,
     ) -> Result<R, postgres::Error> {
         let result = self
             .statement(sql)
-            .and_then(|statement| f(&mut self.client, &statement));
+            .and_then(|statement| f(self.client(), &statement));
         if result.is_err() {
-            self.statements.clear();
+            self.forget();
         }
         result
     }
 
-    pub(super) fn query(
+    fn query(
         &mut self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -53,7 +58,7 @@ impl Conn {
         self.run(sql, |client, statement| client.query(statement, params))
     }
 
-    pub(super) fn query_one(
+    fn query_one(
         &mut self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -61,7 +66,7 @@ impl Conn {
         self.run(sql, |client, statement| client.query_one(statement, params))
     }
 
-    pub(super) fn query_opt(
+    fn query_opt(
         &mut self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -69,7 +74,7 @@ impl Conn {
         self.run(sql, |client, statement| client.query_opt(statement, params))
     }
 
-    pub(super) fn execute(
+    fn execute(
         &mut self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -78,18 +83,90 @@ impl Conn {
     }
 }
 
-/// Transactions and other uses go to the client itself (unprepared).
-impl Deref for Conn {
-    type Target = Client;
+/// The statements prepared on one connection, by their text.
+#[derive(Default)]
+struct Statements(HashMap<String, Statement>);
 
-    fn deref(&self) -> &Client {
-        &self.client
+impl Statements {
+    fn get(
+        &mut self,
+        client: &mut impl GenericClient,
+        sql: &str,
+    ) -> Result<Statement, postgres::Error> {
+        if let Some(statement) = self.0.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = client.prepare(sql)?;
+        self.0.insert(sql.to_owned(), statement.clone());
+        Ok(statement)
     }
 }
 
-impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut Client {
+impl Sql for Conn {
+    type Client = Client;
+
+    fn client(&mut self) -> &mut Client {
         &mut self.client
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        self.statements.get(&mut self.client, sql)
+    }
+
+    fn forget(&mut self) {
+        self.statements.0.clear();
+    }
+}
+
+impl Conn {
+    /// A transaction whose statements use (and add to) the connection's prepared ones.
+    pub(super) fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
+        Ok(Tx {
+            tx: self.client.transaction()?,
+            statements: &mut self.statements,
+        })
+    }
+}
+
+/// A transaction on a pooled connection (see [`Conn::transaction`]).
+pub(super) struct Tx<'a> {
+    tx: Transaction<'a>,
+    statements: &'a mut Statements,
+}
+
+impl Tx<'_> {
+    pub(super) fn commit(self) -> Result<(), postgres::Error> {
+        self.tx.commit()
+    }
+}
+
+impl<'a> Sql for Tx<'a> {
+    type Client = Transaction<'a>;
+
+    fn client(&mut self) -> &mut Transaction<'a> {
+        &mut self.tx
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        self.statements.get(&mut self.tx, sql)
+    }
+
+    fn forget(&mut self) {
+        self.statements.0.clear();
+    }
+}
+
+/// A caller's own transaction (`submit_in`, `succeed_in`): its connection is not the store's,
+/// so each statement is prepared where it runs.
+impl<'a> Sql for Transaction<'a> {
+    type Client = Transaction<'a>;
+
+    fn client(&mut self) -> &mut Transaction<'a> {
+        self
+    }
+
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        self.prepare(sql)
     }
 }
 
@@ -146,7 +223,7 @@ impl r2d2::ManageConnection for Connector {
     fn connect(&self) -> Result<Conn, ConnectError> {
         Ok(Conn {
             client: self.config.connect(NoTls)?,
-            statements: HashMap::new(),
+            statements: Statements::default(),
         })
     }
 

@@ -5,9 +5,9 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use postgres::Transaction;
 use serde_json::Value;
 
+use super::conn::Sql;
 use super::{Insert, PgStore, insert_task, notify, rows};
 use crate::cancel::CancelToken;
 use crate::error::ResubmitError;
@@ -330,7 +330,7 @@ impl PgStore {
 /// The general ending, in a transaction: fenced by the lease, a cancel asked for wins over the
 /// handler's result, and dependents are released or cancelled in the same transaction.
 pub(super) fn write_ending_tx(
-    tx: &mut Transaction<'_>,
+    tx: &mut impl Sql,
     seq: i64,
     lease: i64,
     ending: &Ending,
@@ -423,7 +423,7 @@ pub(super) fn write_ending_tx(
 /// Keeps the newest `max` dead letters; the older ones stop being dead letters and lose their
 /// payloads (their rows then age out like any finished task's).
 pub(super) fn enforce_dead_letter_limit(
-    tx: &mut impl postgres::GenericClient,
+    tx: &mut impl Sql,
     max: i64,
 ) -> Result<u64, postgres::Error> {
     tx.execute(
@@ -436,7 +436,7 @@ pub(super) fn enforce_dead_letter_limit(
 /// Cancels, transitively, the blocked dependents of `root` (which failed or was cancelled):
 /// its direct dependents with `reason`, theirs with `dependency_cancelled`. Returns their ids.
 pub(super) fn cascade(
-    tx: &mut Transaction<'_>,
+    tx: &mut impl Sql,
     root: i64,
     reason: &str,
 ) -> Result<Vec<i64>, postgres::Error> {
@@ -461,7 +461,7 @@ pub(super) fn cascade(
 /// a shutdown's give-back end them: its dependents are cancelled with it, and every id that
 /// ended goes into `done` for the notification.
 pub(super) fn cascade_ended(
-    tx: &mut Transaction<'_>,
+    tx: &mut impl Sql,
     id: i64,
     status: &str,
     has_dependents: bool,
@@ -487,7 +487,7 @@ const MAX_PAYLOAD: usize = 7_900;
 /// if any. Too many ended tasks to name in one payload (a long cascade) are announced as
 /// `done:*`: every listening pool then checks all the tasks its handles wait for.
 pub(super) fn notify_changes(
-    tx: &mut Transaction<'_>,
+    tx: &mut impl Sql,
     ready: bool,
     done: &[i64],
 ) -> Result<(), postgres::Error> {
@@ -538,7 +538,7 @@ impl Refusal {
 /// cancelled (transitively, dependencies first), waiting for the new rows instead of the old.
 #[allow(clippy::type_complexity)]
 pub(super) fn revive(
-    tx: &mut Transaction<'_>,
+    tx: &mut impl Sql,
     queue: u64,
     seq: i64,
     type_name: &'static str,

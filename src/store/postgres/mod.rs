@@ -43,9 +43,10 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use postgres::{GenericClient, NoTls, Row};
+use postgres::{NoTls, Row};
 use serde_json::Value;
 
+use self::conn::Sql;
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
 use crate::completion::{Completion, Finished};
@@ -369,7 +370,9 @@ impl PgStore {
             // A manual clock sets `tasq_now()` on this connection (a test's pool only).
             let now = base.saturating_add(rows::micros(offset));
             let set = format!("SET tasq.manual_now_us = '{now}'");
-            conn.batch_execute(&set).map_err(|e| conn::describe(&e))?;
+            conn.client()
+                .batch_execute(&set)
+                .map_err(|e| conn::describe(&e))?;
         }
         f(&mut conn).map_err(|e| conn::describe(&e))
     }
@@ -511,7 +514,7 @@ struct Insert<'a> {
 /// Inserts one task in `tx`: checks its key and dependencies, inserts the row and its edges.
 /// Returns the row id and whether it is a duplicate, or why it was refused.
 fn insert_task(
-    tx: &mut postgres::Transaction<'_>,
+    tx: &mut impl Sql,
     queue: u64,
     task: &Insert<'_>,
     dependencies: &[crate::task::Dependency],
@@ -637,7 +640,7 @@ fn insert_task(
 /// others one by one, in order. The first refusal refuses the batch (the caller rolls back).
 #[allow(clippy::type_complexity)]
 fn insert_batch(
-    tx: &mut postgres::Transaction<'_>,
+    tx: &mut impl Sql,
     queue: u64,
     inserts: &[Insert<'_>],
     batch: &[Submission<'_>],
@@ -695,7 +698,7 @@ fn leak_name(name: String) -> &'static str {
 
 /// Notifies the queue's channel, `tasq_<schema>` (so that queues in other schemas of the same
 /// database hear nothing of this one): at most once per transaction.
-fn notify(client: &mut impl GenericClient, payload: &str) -> Result<(), postgres::Error> {
+fn notify(client: &mut impl Sql, payload: &str) -> Result<(), postgres::Error> {
     client.execute(
         "SELECT pg_notify('tasq_' || current_schema(), $1)",
         &[&payload],
