@@ -13,7 +13,7 @@ use postgres::{Client, NoTls};
 use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::{PgStore, rows};
-use crate::sync::Arc;
+use crate::sync::{self, Arc};
 
 /// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
 /// (when the pool stops; for the maintenance thread, once no local handle waits any more).
@@ -21,17 +21,15 @@ pub(super) fn spawn(
     name: &'static str,
     store: &Arc<PgStore>,
     body: fn(&Arc<PgStore>),
-) -> std::io::Result<std::thread::JoinHandle<()>> {
+) -> std::io::Result<sync::JoinHandle> {
     let store = Arc::clone(store);
-    std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            // The store's code, not the user's: a panic here is a bug, but must not go unseen
-            // nor take the process down with it.
-            if let Err(panic) = crate::unwind::catch(|| body(&store)) {
-                eprintln!("tasq: the durable store's {name} thread panicked: {panic}");
-            }
-        })
+    sync::spawn(name.to_owned(), None, move || {
+        // The store's code, not the user's: a panic here is a bug, but must not go unseen nor
+        // take the process down with it.
+        if let Err(panic) = crate::unwind::catch(|| body(&store)) {
+            eprintln!("tasq: the durable store's {name} thread panicked: {panic}");
+        }
+    })
 }
 
 /// When each duty last ran.

@@ -209,7 +209,7 @@ pub(crate) struct PgStore {
     /// Successes waiting to be written together.
     acks: acks::Acks,
     clock: Clock,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    threads: Mutex<Vec<crate::sync::JoinHandle>>,
 }
 
 impl PgStore {
@@ -526,16 +526,7 @@ fn insert_task(
             &[&key],
         )?;
         if let Some(row) = existing {
-            let id: i64 = row.get(0);
-            let existing_type: String = row.get(1);
-            if existing_type != task.type_name {
-                return Ok(Err(SubmitErrorKind::KeyConflict {
-                    key: key.to_owned(),
-                    existing: TaskId::from_parts(queue, id as u64),
-                    existing_type: leak_name(existing_type),
-                }));
-            }
-            return Ok(Ok((id, true, "")));
+            return Ok(key_holder(queue, key, task.type_name, &row));
         }
     }
     let mut pending = Vec::new();
@@ -557,17 +548,17 @@ fn insert_task(
             &[&seqs],
         )?;
         states = found.iter().map(|row| (row.get(0), row.get(1))).collect();
-        for dependency in dependencies {
-            let seq = rows::local_seq(queue, dependency.id()).unwrap_or(0);
-            match states.get(&seq).map(String::as_str) {
+        for (dependency, seq) in dependencies.iter().zip(&seqs) {
+            match states.get(seq).map(String::as_str) {
                 Some("succeeded") => {}
                 Some("failed") => {
-                    doomed.get_or_insert((CancelReason::DependencyFailed(dependency.id()), seq));
+                    doomed.get_or_insert((CancelReason::DependencyFailed(dependency.id()), *seq));
                 }
                 Some("cancelled") => {
-                    doomed.get_or_insert((CancelReason::DependencyCancelled(dependency.id()), seq));
+                    doomed
+                        .get_or_insert((CancelReason::DependencyCancelled(dependency.id()), *seq));
                 }
-                Some(_) => pending.push(seq),
+                Some(_) => pending.push(*seq),
                 None if dependency.succeeded() => {}
                 None => return Ok(Err(SubmitErrorKind::UnknownDependency(dependency.id()))),
             }
@@ -612,15 +603,8 @@ fn insert_task(
              AND status IN ('blocked', 'ready', 'running', 'succeeded')",
             &[&task.key],
         )?;
-        let existing_type: String = row.get(1);
-        if existing_type != task.type_name {
-            return Ok(Err(SubmitErrorKind::KeyConflict {
-                key: task.key.unwrap_or_default().to_owned(),
-                existing: TaskId::from_parts(queue, row.get::<_, i64>(0) as u64),
-                existing_type: leak_name(existing_type),
-            }));
-        }
-        return Ok(Ok((row.get(0), true, "")));
+        let key = task.key.unwrap_or_default();
+        return Ok(key_holder(queue, key, task.type_name, &row));
     };
     let id: i64 = row.get(0);
     // An edge from every dependency the table still has, ended or not: a dependency that failed
@@ -634,6 +618,32 @@ fn insert_task(
         )?;
     }
     Ok(Ok((id, false, status)))
+}
+
+/// Whether an inserted row (id, duplicate, status) is a new task due now: the pools should
+/// claim it.
+fn due_now((_, duplicate, status): (i64, bool, &str), delay: Duration) -> bool {
+    !duplicate && status == "ready" && delay.is_zero()
+}
+
+/// The task that holds `key` (its row: id, type), for a submit of `type_name` with that key:
+/// a duplicate of it, or a conflict if it is of another type.
+fn key_holder(
+    queue: u64,
+    key: &str,
+    type_name: &str,
+    row: &Row,
+) -> Result<(i64, bool, &'static str), SubmitErrorKind> {
+    let id: i64 = row.get(0);
+    let existing_type: String = row.get(1);
+    if existing_type != type_name {
+        return Err(SubmitErrorKind::KeyConflict {
+            key: key.to_owned(),
+            existing: TaskId::from_parts(queue, id as u64),
+            existing_type: leak_name(existing_type),
+        });
+    }
+    Ok((id, true, ""))
 }
 
 /// Inserts a batch in `tx`: the tasks without a key or dependencies in one statement, the
@@ -681,8 +691,9 @@ fn insert_batch(
     Ok(Ok(inserted))
 }
 
-/// A type name read from the database, as the `&'static str` the error types carry: the
-/// registered name if there is one, else leaked (once per distinct name seen in an error).
+/// A type name read from the database, as the `&'static str` the error types carry: leaked
+/// once per distinct name (the names seen are kept and reused), so the memory is bounded by the
+/// type names in the database.
 fn leak_name(name: String) -> &'static str {
     static SEEN: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
     let mut seen = SEEN
@@ -728,10 +739,8 @@ impl Store for PgStore {
             let inserted = insert_task(&mut tx, queue, &insert, task.dependencies)?;
             let completions = match inserted {
                 Ok(row) => {
-                    if let (_, false, "ready") = row {
-                        if delay.is_zero() {
-                            notify(&mut tx, "ready")?;
-                        }
+                    if due_now(row, delay) {
+                        notify(&mut tx, "ready")?;
                     }
                     // Registered before the commit: no ending can be announced before it.
                     self.completions_for(&[row])
@@ -744,7 +753,8 @@ impl Store for PgStore {
         });
         match result {
             Ok(Ok((inserted, completions))) => {
-                Ok(self.accepted(&[inserted], completions).remove(0))
+                let due = due_now(inserted, delay);
+                Ok(self.accepted(&[inserted], completions, due).remove(0))
             }
             Ok(Err(kind)) => Err(kind),
             Err(error) => Err(SubmitErrorKind::Store(error)),
@@ -777,22 +787,20 @@ impl Store for PgStore {
                 // Refused: nothing of it is kept (dropping the transaction rolls it back).
                 Err(refused) => return Ok(Err(refused)),
             };
-            let ready_now =
-                rows.iter()
-                    .zip(&prepared)
-                    .any(|(&(_, duplicate, status), (_, delay))| {
-                        !duplicate && status == "ready" && delay.is_zero()
-                    });
-            if ready_now {
+            let due = rows
+                .iter()
+                .zip(&prepared)
+                .any(|(&row, &(_, delay))| due_now(row, delay));
+            if due {
                 notify(&mut tx, "ready")?;
             }
             // Registered before the commit: no ending can be announced before it.
             let completions = self.completions_for(&rows);
             tx.commit()?;
-            Ok(Ok((rows, completions)))
+            Ok(Ok((rows, completions, due)))
         });
         match result {
-            Ok(Ok((inserted, completions))) => Ok(self.accepted(&inserted, completions)),
+            Ok(Ok((inserted, completions, due))) => Ok(self.accepted(&inserted, completions, due)),
             Ok(Err(refused)) => Err(refused),
             Err(error) => Err((0, SubmitErrorKind::Store(error))),
         }
@@ -814,8 +822,8 @@ impl Store for PgStore {
             .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
         let inserted = insert_task(&mut savepoint, self.queue, &insert, task.dependencies)
             .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
-        let (seq, duplicate, status) = inserted?;
-        if !duplicate && status == "ready" && delay.is_zero() {
+        let row = inserted?;
+        if due_now(row, delay) {
             // Delivered when (and if) the caller commits.
             notify(&mut savepoint, "ready")
                 .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
@@ -823,7 +831,7 @@ impl Store for PgStore {
         savepoint
             .commit()
             .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
-        Ok(self.id(seq))
+        Ok(self.id(row.0))
     }
 
     fn succeed_in(
@@ -1322,6 +1330,7 @@ impl PgStore {
         &self,
         inserted: &[(i64, bool, &'static str)],
         completions: Vec<Arc<Completion>>,
+        due: bool,
     ) -> Vec<Submitted> {
         let added = inserted
             .iter()
@@ -1337,10 +1346,7 @@ impl PgStore {
         if cancelled > 0 {
             self.count(|t| t.cancelled += cancelled as u64);
         }
-        if inserted
-            .iter()
-            .any(|&(_, dup, status)| !dup && status == "ready")
-        {
+        if due {
             self.wake_fetcher();
         }
         // Cancelled at once by a failed or cancelled dependency, or a duplicate of a task that
@@ -1550,9 +1556,9 @@ impl PgStore {
 
     fn join_threads(&self) {
         let threads = std::mem::take(&mut *self.threads.lock());
-        let me = std::thread::current().id();
+        let me = crate::sync::current_thread_id();
         for thread in threads {
-            if thread.thread().id() != me {
+            if crate::sync::thread_id(&thread) != me {
                 let _ = thread.join();
             }
         }
