@@ -2,6 +2,7 @@
 //! section.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use super::{Effects, MemoryStore, NewTask};
 use crate::completion::Completion;
@@ -11,20 +12,34 @@ use crate::sync::Arc;
 use crate::task::{Start, TaskId};
 
 impl MemoryStore {
+    /// When a task that starts at `start` is due, if the pool can hold that time.
+    fn run_at(&self, start: Start, now: Instant) -> Result<Instant, SubmitErrorKind> {
+        let run_at = match start {
+            Start::Now => Some(now),
+            Start::At(at) => Some(at),
+            Start::After(delay) => now.checked_add(delay),
+        };
+        run_at
+            .filter(|&at| at <= self.latest_run_at())
+            .ok_or(SubmitErrorKind::TimeOverflow)
+    }
+
+    /// The refusal of a task whose `key` task `existing` of another type holds.
+    fn key_conflict(&self, key: &str, existing: TaskId, existing_type: u32) -> SubmitErrorKind {
+        SubmitErrorKind::KeyConflict {
+            key: key.to_owned(),
+            existing,
+            existing_type: self.registry.entry(existing_type).name,
+        }
+    }
+
     /// See [`Store::submit`].
     pub(super) fn submit_task(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
         if self.is_closed() {
             return Err(SubmitErrorKind::ShutDown);
         }
         let now = self.clock().now();
-        let run_at = match task.start {
-            Start::Now => Some(now),
-            Start::At(at) => Some(at),
-            Start::After(delay) => now.checked_add(delay),
-        };
-        let Some(run_at) = run_at.filter(|&at| at <= self.latest_run_at()) else {
-            return Err(SubmitErrorKind::TimeOverflow);
-        };
+        let run_at = self.run_at(task.start, now)?;
 
         // Allocated before taking the lock, to keep the critical section short.
         let completion = Completion::new();
@@ -38,11 +53,7 @@ impl MemoryStore {
             if let Some((existing, existing_type, completion)) = state.find_key(key) {
                 drop(state);
                 if existing_type != task.type_index {
-                    return Err(SubmitErrorKind::KeyConflict {
-                        key: key.to_string(),
-                        existing,
-                        existing_type: self.registry.entry(existing_type).name,
-                    });
+                    return Err(self.key_conflict(key, existing, existing_type));
                 }
                 return Ok(Submitted {
                     id: existing,
@@ -85,15 +96,7 @@ impl MemoryStore {
         let now = self.clock().now();
         let mut run_ats = Vec::with_capacity(batch.len());
         for (index, task) in batch.iter().enumerate() {
-            let run_at = match task.start {
-                Start::Now => Some(now),
-                Start::At(at) => Some(at),
-                Start::After(delay) => now.checked_add(delay),
-            };
-            match run_at.filter(|&at| at <= self.latest_run_at()) {
-                Some(run_at) => run_ats.push(run_at),
-                None => return Err((index, SubmitErrorKind::TimeOverflow)),
-            }
+            run_ats.push(self.run_at(task.start, now).map_err(|kind| (index, kind))?);
         }
         let keys: Vec<Option<Arc<str>>> = batch.iter().map(|t| t.key.map(Arc::from)).collect();
         let completions: Vec<_> = batch.iter().map(|_| Completion::new()).collect();
@@ -115,11 +118,7 @@ impl MemoryStore {
                 };
                 match holder {
                     Some((existing_type, existing)) if existing_type != task.type_index => {
-                        return refuse(SubmitErrorKind::KeyConflict {
-                            key: key.to_owned(),
-                            existing,
-                            existing_type: self.registry.entry(existing_type).name,
-                        });
+                        return refuse(self.key_conflict(key, existing, existing_type));
                     }
                     Some(_) => {
                         dependencies.push(Vec::new());
