@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::time::Instant;
 
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering};
 use crate::task::{CancelReason, Failure, TaskState};
 
 /// A task's outcome as a store publishes it: the output is type-erased until a handle reads it.
@@ -30,17 +30,39 @@ impl Finished {
 ///
 /// It has its own lock, so waiters never touch a store's lock while they wait or clone an
 /// output, and a slow waiter never holds up a worker (it holds this lock only to read the
-/// outcome). It outlives the task's record (retention may drop the record while handles
-/// remain).
+/// outcome). The state published is also kept outside that lock, in `state`: a store reads it
+/// under its own lock (is a dependency done?), and must never wait there behind a reader whose
+/// output's `Clone` (user code) calls back into the pool. It outlives the task's record
+/// (retention may drop the record while handles remain).
 pub(crate) struct Completion {
     outcome: Mutex<Option<Finished>>,
+    /// The published state (see `encode`), 0 until published; set under `outcome`'s lock.
+    state: AtomicUsize,
     cv: Condvar,
+}
+
+fn encode(state: TaskState) -> usize {
+    match state {
+        TaskState::Succeeded => 1,
+        TaskState::Failed => 2,
+        _ => 3,
+    }
+}
+
+fn decode(code: usize) -> Option<TaskState> {
+    match code {
+        0 => None,
+        1 => Some(TaskState::Succeeded),
+        2 => Some(TaskState::Failed),
+        _ => Some(TaskState::Cancelled),
+    }
 }
 
 impl Completion {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Completion {
             outcome: Mutex::new(None),
+            state: AtomicUsize::new(0),
             cv: Condvar::new(),
         })
     }
@@ -51,6 +73,8 @@ impl Completion {
     pub(crate) fn publish(&self, finished: Finished) {
         let mut outcome = self.outcome.lock();
         debug_assert!(outcome.is_none(), "a task reached two terminal states");
+        self.state
+            .store(encode(finished.state()), Ordering::Release);
         *outcome = Some(finished);
         self.cv.notify_all();
     }
@@ -65,6 +89,8 @@ impl Completion {
         if outcome.is_some() {
             return Some(finished);
         }
+        self.state
+            .store(encode(finished.state()), Ordering::Release);
         *outcome = Some(finished);
         self.cv.notify_all();
         None
@@ -105,15 +131,19 @@ impl Completion {
         self.outcome.lock().as_mut().map(read)
     }
 
+    /// The state published, if any, without taking the lock.
     pub(crate) fn state(&self) -> Option<TaskState> {
-        self.try_with(|finished| finished.state())
+        decode(self.state.load(Ordering::Acquire))
     }
 
     pub(crate) fn is_published(&self) -> bool {
-        self.outcome.lock().is_some()
+        self.state().is_some()
     }
 
     pub(crate) fn wait_state(&self) -> TaskState {
-        self.wait_with(|finished| finished.state())
+        match self.state() {
+            Some(state) => state,
+            None => self.wait_with(|finished| finished.state()),
+        }
     }
 }

@@ -1165,6 +1165,76 @@ fn an_output_whose_clone_calls_back_into_the_pool_does_not_deadlock() {
     );
 }
 
+/// An output whose `Clone` submits a task that depends on the very task it is the output of:
+/// the submit looks at that task's state while `wait` is handing the output out. Neither the
+/// wait nor the submit may deadlock, and the dependent runs.
+#[test]
+fn an_output_whose_clone_submits_a_dependent_of_its_own_task_does_not_deadlock() {
+    /// The handle of the task whose output this is, given to its `Clone`.
+    type Own = Arc<std::sync::Mutex<Option<TaskHandle<SubmitsDependent>>>>;
+    #[derive(Debug)]
+    struct SubmitsDependent {
+        own: Own,
+        pool: Weak<Pool>,
+        submitted: Sender<TaskHandle<u32>>,
+    }
+    impl Clone for SubmitsDependent {
+        fn clone(&self) -> Self {
+            let own = self.own.lock().unwrap().clone();
+            if let (Some(pool), Some(own)) = (self.pool.upgrade(), own) {
+                // By handle: with retention 0 the task's record is gone, and the submit asks
+                // the handle's completion, which `wait` holds while it clones.
+                let dependent = pool.submit(JOB.task(FROM_USER_CODE).after([&own]));
+                let _ = self
+                    .submitted
+                    .send(dependent.expect("the dependent is accepted"));
+            }
+            SubmitsDependent {
+                own: Arc::clone(&self.own),
+                pool: self.pool.clone(),
+                submitted: self.submitted.clone(),
+            }
+        }
+    }
+    const SELF_DEPENDENT: TaskType<(), SubmitsDependent> = TaskType::new("self_dependent");
+    watchdog(
+        "deadlock: an output's Clone submitted a dependent of its own task in wait()",
+        || {
+            let (submitted_tx, submitted) = crossbeam_channel::unbounded();
+            let own: Own = Arc::default();
+            let pool_slot: Arc<std::sync::Mutex<Weak<Pool>>> = Arc::default();
+            let (own_for_handler, pool_for_handler) = (Arc::clone(&own), Arc::clone(&pool_slot));
+            let gate = Arc::new(std::sync::Barrier::new(2));
+            let handler_gate = Arc::clone(&gate);
+            let pool = TestPool::new(builder(2).retention(0, None).register(
+                SELF_DEPENDENT,
+                move |_, _: &()| {
+                    // Starts once the test has stored the handle.
+                    handler_gate.wait();
+                    Ok::<_, HandlerError>(SubmitsDependent {
+                        own: Arc::clone(&own_for_handler),
+                        pool: pool_for_handler.lock().unwrap().clone(),
+                        submitted: submitted_tx.clone(),
+                    })
+                },
+            ));
+            *pool_slot.lock().unwrap() = pool.weak();
+            let handle = pool.submit(SELF_DEPENDENT.task(())).unwrap();
+            *own.lock().unwrap() = Some(handle.clone());
+            gate.wait();
+            assert!(outcome(&handle, "the task whose output submits").is_succeeded());
+            let dependent = recv(&submitted, "the Clone's submit never returned");
+            assert_eq!(
+                outcome(&dependent, "the dependent submitted from Clone"),
+                Outcome::Succeeded(FROM_USER_CODE)
+            );
+            *own.lock().unwrap() = None;
+            assert_workers_alive(&pool, 2, "after an output's Clone submitted a dependent");
+            shut_down(&pool);
+        },
+    );
+}
+
 // ===== many user values dropped by one transition =====
 
 /// A cancel that cascades drops every cancelled task's payload in one transition (more than the
