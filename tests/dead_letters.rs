@@ -454,6 +454,87 @@ conformance! {
         pool.check_invariants().unwrap();
     }
 
+    /// A dead letter whose key a task of another type took meanwhile is refused as
+    /// `KeyTaken`, naming that task (not as a type mismatch: the dead letter's type is right).
+    fn a_dead_letter_whose_key_another_type_took_is_refused_as_key_taken(builder) {
+        const OTHER: TaskType<u32, u32> = TaskType::new("other");
+        let pool = builder
+            .workers(1)
+            .register(JOB, |_, &(n, _): &(u32, Behaviour)| {
+                Err::<u32, _>(HandlerError::permanent(format!("bad input {n}")))
+            })
+            .register(OTHER, |_, &n: &u32| Ok::<_, HandlerError>(n))
+            .build();
+        let failed = pool
+            .submit(JOB.task((1, Behaviour::FailPermanently)).key("k"))
+            .unwrap();
+        assert!(finish(&failed).is_failed());
+        let holder = pool
+            .submit(OTHER.task(2).key("k").delay(Duration::from_secs(3600)))
+            .unwrap();
+        assert!(!holder.is_duplicate(), "a failed task frees its key");
+        assert_eq!(
+            pool.resubmit(JOB, failed.id()).err(),
+            Some(ResubmitError::KeyTaken(failed.id(), holder.id()))
+        );
+        assert_eq!(pool.dead_letters().len(), 1, "still a dead letter");
+    }
+
+    /// A dependent brought back by `resubmit_with_dependents` whose other dependency failed
+    /// too comes back cancelled at once, and is counted so: the totals still balance.
+    fn a_dependent_brought_back_cancelled_at_once_is_counted_cancelled(builder) {
+        silence_expected_panics();
+        let pool = pool(builder, 1, Arc::new(AtomicBool::new(false)));
+        let first = pool.submit(JOB.task((1, Behaviour::FailPermanently))).unwrap();
+        let second = pool.submit(JOB.task((2, Behaviour::FailPermanently))).unwrap();
+        let both = pool
+            .submit(JOB.task((3, Behaviour::Succeed)).after([&first, &second]))
+            .unwrap();
+        assert!(finish(&first).is_failed());
+        assert!(finish(&second).is_failed());
+        assert!(finish(&both).is_cancelled());
+        // One worker: the first failed first, and its failure cancelled `both`.
+        let again = pool.resubmit_with_dependents(JOB, first.id()).unwrap();
+        assert_eq!(again.dependents.len(), 1);
+        assert_eq!(again.dependents[0].0, both.id());
+        let back = pool.handle(JOB, again.dependents[0].1).unwrap();
+        assert!(finish(&back).is_cancelled(), "its other dependency failed");
+        assert!(finish(&again.task).is_failed());
+        let totals = pool.stats().totals;
+        assert_eq!(totals.submitted, 5);
+        assert_eq!(
+            totals.submitted,
+            totals.succeeded + totals.failed + totals.cancelled,
+            "{totals:?}"
+        );
+        assert_eq!((totals.failed, totals.cancelled), (3, 2));
+    }
+
+    /// A dependent whose key another task took while it was cancelled comes back without it.
+    fn a_dependent_whose_key_was_taken_comes_back_without_it(builder) {
+        silence_expected_panics();
+        let fixed = Arc::new(AtomicBool::new(false));
+        let pool = pool(builder, 1, Arc::clone(&fixed));
+        let root = pool.submit(JOB.task((1, Behaviour::FailUntilFixed))).unwrap();
+        let child = pool
+            .submit(JOB.task((2, Behaviour::Succeed)).after([&root]).key("c"))
+            .unwrap();
+        assert!(finish(&child).is_cancelled());
+        let taker = pool.submit(JOB.task((3, Behaviour::Succeed)).key("c")).unwrap();
+        assert!(!taker.is_duplicate());
+        assert_eq!(finish(&taker), Outcome::Succeeded(3));
+        fixed.store(true, Ordering::SeqCst);
+        let again = pool.resubmit_with_dependents(JOB, root.id()).unwrap();
+        assert_eq!(again.dependents.len(), 1, "the child comes back");
+        let (old, new) = again.dependents[0];
+        assert_eq!(old, child.id());
+        assert_ne!(new, taker.id());
+        assert_eq!(finish(&pool.handle(JOB, new).unwrap()), Outcome::Succeeded(2));
+        // The key stays the taker's.
+        let dup = pool.submit(JOB.task((4, Behaviour::Succeed)).key("c")).unwrap();
+        assert_eq!(dup.id(), taker.id());
+    }
+
     /// Dead letters outlive the retention of finished tasks (here none), up to their own limit:
     /// the oldest go first, with their payloads; a purge removes one for good, once.
     fn dead_letters_stay_past_retention_up_to_their_own_limit(builder) {

@@ -586,3 +586,66 @@ fn a_build_error_carries_the_servers_message() {
         other => panic!("expected a store error, got {:?}", other.err()),
     }
 }
+
+/// A task made the dependent of a blocked task while a cancel's cascade runs is cancelled with
+/// it, not left blocked forever: the cascade waits for the row the submit holds, then sees the
+/// new edge. (A recursive query read the edges of one snapshot, taken before the submit
+/// committed, and missed it.)
+#[test]
+fn a_dependent_added_while_a_cascade_runs_is_cancelled_with_it() {
+    let Some(db) = TestDb::new() else { return };
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(DOUBLE, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    let root = pool
+        .submit(DOUBLE.task(1).delay(Duration::from_secs(3600)))
+        .unwrap();
+    let blocked = pool.submit(DOUBLE.task(2).after([root.id()])).unwrap();
+    let mut client = db.client();
+    let mut tx = client.transaction().unwrap();
+    // Holds `blocked`'s row until the commit below.
+    let late = pool
+        .submit_in(&mut tx, DOUBLE.task(3).after([blocked.id()]))
+        .unwrap();
+    let cancelled = std::thread::scope(|scope| {
+        let cancel = scope.spawn(|| pool.cancel(root.id()));
+        // The cascade now reaches `blocked` and waits for its row lock.
+        let mut watcher = db.client();
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&db.schema()],
+                )
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the cancel never waited for the submit's lock"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tx.commit().unwrap();
+        cancel.join().unwrap()
+    });
+    assert_eq!(cancelled, Ok(tasq::CancelOutcome::Cancelled));
+    let late = pool.handle(DOUBLE, late).unwrap();
+    assert!(matches!(
+        late.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Cancelled(_))
+    ));
+    assert!(matches!(
+        blocked.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Cancelled(_))
+    ));
+    pool.check_invariants().unwrap();
+    pool.shutdown(Duration::from_secs(10));
+}

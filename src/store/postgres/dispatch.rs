@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::conn::Sql;
 use super::{Insert, PgStore, insert_task, notify, rows};
 use crate::cancel::CancelToken;
-use crate::error::ResubmitError;
+use crate::error::{ResubmitError, SubmitErrorKind};
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, Weak};
 use crate::task::{Dependency, Failure, FailureReason, TaskId, TaskState};
@@ -435,26 +435,34 @@ pub(super) fn enforce_dead_letter_limit(
 
 /// Cancels, transitively, the blocked dependents of `root` (which failed or was cancelled):
 /// its direct dependents with `reason`, theirs with `dependency_cancelled`. Returns their ids.
+///
+/// One statement per level of dependents, not one recursive query: each statement reads the
+/// edges committed before it starts. A submit that made a task of this level a dependency
+/// holds that task's row lock until it commits its edge, so the level's update waits for it,
+/// and the next level's statement sees the new edge (a recursive query, reading one snapshot
+/// taken at its start, would miss it and leave the new task blocked forever).
 pub(super) fn cascade(
     tx: &mut impl Sql,
     root: i64,
     reason: &str,
 ) -> Result<Vec<i64>, postgres::Error> {
-    let rows = tx.query(
-        "WITH RECURSIVE doomed(id, cause, depth) AS (
-             SELECT dependent, dependency, 1 FROM tasq_deps WHERE dependency = $1
-             UNION
-             SELECT d.dependent, d.dependency, doomed.depth + 1
-             FROM tasq_deps d JOIN doomed ON d.dependency = doomed.id
-         )
-         UPDATE tasq_tasks t SET status = 'cancelled',
-                cancel_reason = CASE WHEN doomed.depth = 1 THEN $2 ELSE 'dependency_cancelled' END,
-                cancel_cause = doomed.cause, finished_at = tasq_now()
-         FROM doomed WHERE t.id = doomed.id AND t.status = 'blocked'
-         RETURNING t.id",
-        &[&root, &reason],
-    )?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    let mut doomed = Vec::new();
+    let mut level = vec![root];
+    let mut reason = reason;
+    while !level.is_empty() {
+        let rows = tx.query(
+            "UPDATE tasq_tasks t SET status = 'cancelled', cancel_reason = $2,
+                    cancel_cause = d.dependency, finished_at = tasq_now()
+             FROM tasq_deps d
+             WHERE d.dependency = ANY($1) AND t.id = d.dependent AND t.status = 'blocked'
+             RETURNING t.id",
+            &[&level, &reason],
+        )?;
+        level = rows.iter().map(|r| r.get(0)).collect();
+        doomed.extend_from_slice(&level);
+        reason = "dependency_cancelled";
+    }
+    Ok(doomed)
 }
 
 /// A row that just ended (`failed` or `cancelled`) outside a worker's run, as the reaper and
@@ -534,9 +542,17 @@ impl Refusal {
     }
 }
 
+/// A dead letter resubmitted: its new row, the dependents brought back (old row, new row),
+/// and how many of those came back cancelled at once (another of their dependencies failed).
+pub(super) struct Revival {
+    pub(super) new: i64,
+    pub(super) brought_back: Vec<(i64, i64)>,
+    pub(super) back_cancelled: u64,
+}
+
 /// Resubmits dead letter `seq` as a new row, and with `dependents` the dependents its failure
-/// cancelled (transitively, dependencies first), waiting for the new rows instead of the old.
-#[allow(clippy::type_complexity)]
+/// cancelled (transitively, dependencies first), waiting for the new rows instead of the old;
+/// a dependent whose key another task took comes back without it.
 pub(super) fn revive(
     tx: &mut impl Sql,
     queue: u64,
@@ -544,7 +560,7 @@ pub(super) fn revive(
     type_name: &'static str,
     max_attempts: i32,
     dependents: bool,
-) -> Result<Result<(i64, Vec<(i64, i64)>), Refusal>, postgres::Error> {
+) -> Result<Result<Revival, Refusal>, postgres::Error> {
     let Some(row) = tx.query_opt(
         "SELECT type, payload, priority, key, dead, resubmitted_as, status, run_at <= tasq_now()
          FROM tasq_tasks WHERE id = $1 FOR UPDATE",
@@ -582,6 +598,12 @@ pub(super) fn revive(
     let new = match insert_task(tx, queue, &insert, &[])? {
         Ok((new, false, _)) => new,
         Ok((holder, true, _)) => return Ok(Err(Refusal::KeyTaken(holder))),
+        // Its key is held by a task of another type (no other refusal is possible without
+        // dependencies).
+        Err(SubmitErrorKind::KeyConflict { existing, .. }) => {
+            let holder = rows::local_seq(queue, existing).unwrap_or_default();
+            return Ok(Err(Refusal::KeyTaken(holder)));
+        }
         Err(_) => return Ok(Err(Refusal::TypeMismatch)),
     };
     tx.execute(
@@ -589,20 +611,26 @@ pub(super) fn revive(
         &[&seq, &new],
     )?;
     let mut brought_back = Vec::new();
+    let mut back_cancelled = 0;
     if dependents {
         let mut renamed = HashMap::from([(seq, new)]);
+        // The dependents this failure cancelled: each cancelled because of the dead letter or
+        // of another task of the cascade (`cancel_cause`), not a dependent that another failed
+        // dependency had cancelled before.
         let cascade = tx.query(
             "WITH RECURSIVE doomed(id) AS (
-                 SELECT dependent FROM tasq_deps WHERE dependency = $1
+                 SELECT $1::BIGINT
                  UNION
-                 SELECT d.dependent FROM tasq_deps d JOIN doomed ON d.dependency = doomed.id
+                 SELECT t.id FROM doomed
+                 JOIN tasq_deps d ON d.dependency = doomed.id
+                 JOIN tasq_tasks t ON t.id = d.dependent AND t.cancel_cause = doomed.id
+                 WHERE t.status = 'cancelled'
+                   AND t.cancel_reason IN ('dependency_failed', 'dependency_cancelled')
              )
              SELECT t.id, t.type, t.payload, t.priority, t.key, t.max_attempts,
                     ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1)
              FROM tasq_tasks t JOIN doomed ON t.id = doomed.id
-             WHERE t.status = 'cancelled' AND t.resubmitted_as IS NULL
-               AND t.cancel_reason IN ('dependency_failed', 'dependency_cancelled')
-               AND t.payload IS NOT NULL
+             WHERE t.id <> $1 AND t.resubmitted_as IS NULL AND t.payload IS NOT NULL
              ORDER BY t.id",
             &[&seq],
         )?;
@@ -619,7 +647,7 @@ pub(super) fn revive(
                     Dependency::from(TaskId::from_parts(queue, d as u64))
                 })
                 .collect();
-            let insert = Insert {
+            let mut insert = Insert {
                 type_name,
                 payload: &payload,
                 priority: row.get(3),
@@ -627,19 +655,34 @@ pub(super) fn revive(
                 max_attempts: row.get(5),
                 key: key.as_deref(),
             };
-            // A dependent whose other dependency is gone, or whose key another task took,
-            // stays as it is (and so do its own dependents).
-            if let Ok((new_dependent, false, _)) = insert_task(tx, queue, &insert, &dependencies)? {
+            let mut inserted = insert_task(tx, queue, &insert, &dependencies)?;
+            if matches!(
+                inserted,
+                Ok((_, true, _)) | Err(SubmitErrorKind::KeyConflict { .. })
+            ) {
+                // Its key is another task's now: it comes back without one.
+                insert.key = None;
+                inserted = insert_task(tx, queue, &insert, &dependencies)?;
+            }
+            // A dependent with another dependency gone stays as it is (and so do its own
+            // dependents).
+            if let Ok((new_dependent, false, status)) = inserted {
                 tx.execute(
                     "UPDATE tasq_tasks SET resubmitted_as = $2 WHERE id = $1",
                     &[&old, &new_dependent],
                 )?;
                 renamed.insert(old, new_dependent);
                 brought_back.push((old, new_dependent));
+                // Back, and cancelled at once: another dependency of it failed meanwhile.
+                back_cancelled += u64::from(status == "cancelled");
             }
         }
     }
-    Ok(Ok((new, brought_back)))
+    Ok(Ok(Revival {
+        new,
+        brought_back,
+        back_cancelled,
+    }))
 }
 
 /// The durable store's invariants, checked over the whole table (for tests).

@@ -181,6 +181,21 @@ impl Local {
     }
 }
 
+/// Why a statement failed: no connection, or the database's error.
+enum StoreFailure {
+    Connect(String),
+    Db(postgres::Error),
+}
+
+impl fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreFailure::Connect(text) => f.write_str(text),
+            StoreFailure::Db(error) => f.write_str(&conn::describe(error)),
+        }
+    }
+}
+
 /// The durable store of one pool.
 pub(crate) struct PgStore {
     queue: u64,
@@ -348,33 +363,43 @@ impl PgStore {
         }
     }
 
-    /// Runs `f` on a connection; a database error is returned as text.
+    /// Runs `f` on a connection; a database error is returned as text. A transaction that the
+    /// server chose as a deadlock's victim is run again (twice at most): it did nothing.
     fn with_conn<R>(
         &self,
-        f: impl FnOnce(&mut conn::Conn) -> Result<R, postgres::Error>,
+        mut f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
-        let result = self.try_with_conn(f);
-        if result.is_err() {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let error = match self.try_with_conn(&mut f) {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
             // Reported in the totals (`store_errors`); the caller retries or returns it.
             self.count(|t| t.store_errors += 1);
+            let deadlock = matches!(&error, StoreFailure::Db(e)
+                if e.code() == Some(&postgres::error::SqlState::T_R_DEADLOCK_DETECTED));
+            if !deadlock || attempts == 3 {
+                return Err(error.to_string());
+            }
         }
-        result
     }
 
     fn try_with_conn<R>(
         &self,
-        f: impl FnOnce(&mut conn::Conn) -> Result<R, postgres::Error>,
-    ) -> Result<R, String> {
-        let mut conn = self.conn()?;
+        f: &mut impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
+    ) -> Result<R, StoreFailure> {
+        let mut conn = self.conn().map_err(StoreFailure::Connect)?;
         if let (Some(base), Some(offset)) = (self.manual_base_us, self.clock.manual_offset()) {
             // A manual clock sets `tasq_now()` on this connection (a test's pool only).
             let now = base.saturating_add(rows::micros(offset));
             let set = format!("SET tasq.manual_now_us = '{now}'");
             conn.client()
                 .batch_execute(&set)
-                .map_err(|e| conn::describe(&e))?;
+                .map_err(StoreFailure::Db)?;
         }
-        f(&mut conn).map_err(|e| conn::describe(&e))
+        f(&mut conn).map_err(StoreFailure::Db)
     }
 
     /// The codec of registered type `type_index` (every type of a durable pool has one: the
@@ -541,10 +566,15 @@ fn insert_task(
             }
         }
         // Locks the dependencies' rows: a dependency cannot end between this check and the
-        // edge's insert (its ending waits for this transaction, then sees the edge).
+        // edge's insert (its ending waits for this transaction, then sees the edge). In id
+        // order, as an ending locks its row and then its dependents' (whose ids are larger):
+        // two such transactions never wait for each other in a cycle.
         let found = tx.query(
-            "UPDATE tasq_tasks SET has_dependents = true WHERE id = ANY($1)
-             RETURNING id, status",
+            "WITH locked AS (
+                 SELECT id FROM tasq_tasks WHERE id = ANY($1) ORDER BY id FOR UPDATE
+             )
+             UPDATE tasq_tasks t SET has_dependents = true FROM locked WHERE t.id = locked.id
+             RETURNING t.id, t.status",
             &[&seqs],
         )?;
         states = found.iter().map(|row| (row.get(0), row.get(1))).collect();
@@ -1525,13 +1555,21 @@ impl PgStore {
                 };
             notify(&mut tx, "ready")?;
             // Registered before the commit: no ending can be announced before it.
-            let completion = self.completion_for(revived.0);
+            let completion = self.completion_for(revived.new);
             tx.commit()?;
             Ok(Ok((revived, completion)))
         });
         match result {
-            Ok(Ok(((new, brought_back), completion))) => {
-                self.count(|t| t.submitted += 1 + brought_back.len() as u64);
+            Ok(Ok((revival, completion))) => {
+                let dispatch::Revival {
+                    new,
+                    brought_back,
+                    back_cancelled,
+                } = revival;
+                self.count(|t| {
+                    t.submitted += 1 + brought_back.len() as u64;
+                    t.cancelled += back_cancelled;
+                });
                 self.wake_fetcher();
                 Ok(Revived {
                     id: self.id(new),
