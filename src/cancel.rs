@@ -1,7 +1,7 @@
 //! The cooperative cancellation token every handler receives.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, Wake};
 use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, Weak};
@@ -153,8 +153,38 @@ impl CancelToken {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
+        self.sleep_to(self.inner.clock.now().checked_add(duration))
+    }
+
+    /// Sleeps until `deadline` on the pool's clock (the time of [`Instant::now`], or of the
+    /// pool's [`ManualClock`](crate::ManualClock)), returning early with `Err(Cancelled)` if the
+    /// token fires. Unlike `sleep(deadline - now)`, it cannot overshoot when the clock moves
+    /// between reading it and going to sleep.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const NAP: TaskType<(), ()> = TaskType::new("nap");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(NAP, |ctx, _: &()| {
+    ///         ctx.token().sleep_until(Instant::now() + Duration::from_millis(2))?;
+    ///         Ok::<_, HandlerError>(())
+    ///     })
+    ///     .build()?;
+    /// assert!(pool.submit(NAP.task(()))?.wait().is_succeeded());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sleep_until(&self, deadline: Instant) -> Result<(), Cancelled> {
+        self.sleep_to(Some(deadline))
+    }
+
+    /// Sleeps until `deadline` (`None`: one too far to represent, so until cancelled).
+    fn sleep_to(&self, deadline: Option<Instant>) -> Result<(), Cancelled> {
         let clock = &self.inner.clock;
-        let deadline = clock.now().checked_add(duration);
         let mut registered = self.inner.lock.lock();
         loop {
             if self.is_cancelled() {

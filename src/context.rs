@@ -2,7 +2,7 @@
 //! cancellation token, and its pool (to submit follow-up tasks).
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cancel::{CancelToken, Cancelled};
 use crate::error::{CancelError, SubmitError};
@@ -396,6 +396,27 @@ impl<'a> Context<'a> {
     /// ```
     pub fn sleep(&self, duration: Duration) -> Result<(), Cancelled> {
         self.token.sleep(duration)
+    }
+
+    /// Sleeps until `deadline` on the pool's clock, returning early with `Err(Cancelled)` on
+    /// cancellation; short for `ctx.token().sleep_until(deadline)` (see
+    /// [`CancelToken::sleep_until`](crate::CancelToken::sleep_until)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |ctx, _: &()| {
+    ///     ctx.sleep_until(Instant::now() + Duration::from_millis(1))?;
+    ///     Ok::<_, HandlerError>(())
+    /// }).build()?;
+    /// assert!(pool.submit(JOB.task(()))?.wait().is_succeeded());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sleep_until(&self, deadline: Instant) -> Result<(), Cancelled> {
+        self.token.sleep_until(deadline)
     }
 }
 

@@ -20,15 +20,15 @@ const NAP: TaskType<(Instant, Sender<()>), bool> = TaskType::new("nap");
 #[test]
 fn a_handler_sleeping_on_a_manual_clock_wakes_when_the_clock_reaches_its_deadline() {
     let clock = ManualClock::new();
-    let nap_clock = clock.clone();
     let pool = Pool::builder()
         .workers(1)
         .manual_clock(clock.clone())
         .register(NAP, move |ctx, (until, started): &(Instant, Sender<()>)| {
             started.send(()).unwrap();
-            // Relative to the clock now, so an advance that lands first ends the sleep at once.
-            let left = until.saturating_duration_since(nap_clock.now());
-            Ok::<_, HandlerError>(ctx.sleep(left).is_ok())
+            // A deadline, not a duration: an advance that lands before the sleep starts ends
+            // it at once, and none can push the deadline later (as `sleep(until - now)` could,
+            // the clock moving between the read and the sleep).
+            Ok::<_, HandlerError>(ctx.sleep_until(*until).is_ok())
         })
         .build()
         .unwrap();
