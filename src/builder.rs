@@ -3,14 +3,22 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::aging::Aging;
+use crate::alert::{Alert, AlertScope};
+use crate::breaker::Breaker;
 use crate::clock::{Clock, ManualClock};
 use crate::context::Context;
 use crate::error::BuildError;
+use crate::event::{Event, Hook};
+use crate::limit::RateLimit;
 use crate::pool::Pool;
 use crate::registry::{Entry, Registry};
 use crate::retry::{HandlerError, RetryPolicy};
 use crate::store::memory::{MemoryStore, Retention};
 use crate::task::TaskType;
+use crate::monitor::{Monitor, Watch};
+use crate::store::Store;
+use crate::sync::Arc;
 use crate::worker;
 
 /// Options for one task type, given to [`Builder::register_with`]. Unset options fall back to
@@ -32,6 +40,10 @@ use crate::worker;
 pub struct TypeOptions {
     max_attempts: Option<u32>,
     retry: Option<RetryPolicy>,
+    timeout: Option<Duration>,
+    downstream: Option<&'static str>,
+    concurrency: Option<u32>,
+    rate: Option<RateLimit>,
 }
 
 impl TypeOptions {
@@ -73,6 +85,121 @@ impl TypeOptions {
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = Some(policy);
         self
+    }
+
+    /// How long one run of this type may take. At the timeout the run's token fires
+    /// ([`Context::is_cancelled`], [`CancelToken::sleep`](crate::CancelToken::sleep)); when the
+    /// handler returns, whatever it returns, the attempt counts as a retryable failure, and
+    /// once no attempt is left the task is a dead letter with
+    /// [`FailureReason::TimedOut`](crate::FailureReason::TimedOut). A panic stays a panic.
+    ///
+    /// A thread cannot be killed: a handler that ignores its token keeps its worker until it
+    /// returns. One still running [`Builder::stuck_after`] past its timeout is reported as stuck
+    /// ([`Event::Stuck`](crate::Event::Stuck), [`Stats::stuck`](crate::Stats::stuck)). Zero makes
+    /// the build fail with [`BuildError::InvalidSetting`]. Defaults to no timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{FailureReason, HandlerError, Pool, TaskType, TypeOptions};
+    ///
+    /// const SLOW: TaskType<(), ()> = TaskType::new("slow");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register_with(SLOW, TypeOptions::new().timeout(Duration::from_millis(10)).max_attempts(1), |ctx, _: &()| {
+    ///         ctx.token().wait(); // until the timeout fires the token
+    ///         Ok::<_, HandlerError>(())
+    ///     })
+    ///     .build()?;
+    /// let failure = pool.submit(SLOW.task(()))?.wait().failure().cloned().unwrap();
+    /// assert_eq!(failure.reason, FailureReason::TimedOut);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The downstream this type's handler calls (a service, a database), whose circuit
+    /// breaker ([`Builder::breaker`]) holds the type's tasks back while it is open. Several
+    /// types may name one downstream. A name without a breaker makes the build fail with
+    /// [`BuildError::InvalidSetting`]. Defaults to none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = tasq::TypeOptions::new().downstream("payments");
+    /// # let _ = options;
+    /// ```
+    pub fn downstream(mut self, name: &'static str) -> Self {
+        self.downstream = Some(name);
+        self
+    }
+
+    /// At most `tasks` of this type run at once (in this pool; on the durable store, in every
+    /// pool on the database). The others wait ready, burning no attempt. Zero makes the build
+    /// fail with [`BuildError::InvalidSetting`]. Defaults to no limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = tasq::TypeOptions::new().concurrency_limit(2);
+    /// # let _ = options;
+    /// ```
+    pub fn concurrency_limit(mut self, tasks: u32) -> Self {
+        self.concurrency = Some(tasks);
+        self
+    }
+
+    /// How fast this type's tasks may start (in this pool; on the durable store, in every pool
+    /// on the database). The others wait ready, burning no attempt. Defaults to no limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = tasq::TypeOptions::new().rate_limit(tasq::RateLimit::per_second(50.0));
+    /// # let _ = options;
+    /// ```
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate = Some(limit);
+        self
+    }
+}
+
+/// The settings that watch over a pool: hooks, alerts, breakers, aging and the monitor.
+pub(crate) struct Oversight {
+    pub(crate) hooks: Vec<Hook>,
+    pub(crate) alerts: Vec<Alert>,
+    pub(crate) breakers: Vec<(&'static str, Breaker)>,
+    pub(crate) aging: Option<Aging>,
+    pub(crate) stuck_after: Duration,
+    pub(crate) monitor_interval: Duration,
+}
+
+impl Default for Oversight {
+    fn default() -> Self {
+        Oversight {
+            hooks: Vec::new(),
+            alerts: Vec::new(),
+            breakers: Vec::new(),
+            aging: None,
+            stuck_after: Duration::from_secs(10),
+            monitor_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl fmt::Debug for Oversight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Oversight")
+            .field("hooks", &self.hooks.len())
+            .field("alerts", &self.alerts)
+            .field("breakers", &self.breakers)
+            .field("aging", &self.aging)
+            .field("stuck_after", &self.stuck_after)
+            .field("monitor_interval", &self.monitor_interval)
+            .finish()
     }
 }
 
@@ -118,6 +245,7 @@ pub struct Builder<S = Embedded> {
     thread_name: String,
     stack_size: Option<usize>,
     quiet_panics: bool,
+    oversight: Oversight,
     /// Which store the pool keeps its tasks in, and that store's own settings.
     store: S,
 }
@@ -160,6 +288,7 @@ impl Builder<Embedded> {
             thread_name: "tasq-worker".to_owned(),
             stack_size: None,
             quiet_panics: false,
+            oversight: Oversight::default(),
             store: Embedded,
         }
     }
@@ -251,16 +380,19 @@ impl Builder<Embedded> {
     /// assert!(matches!(twice, Err(BuildError::DuplicateType("job"))));
     /// ```
     pub fn build(self) -> Result<Pool, BuildError> {
-        let (registry, threads, rest) = self.check(false)?;
+        let (registry, threads, mut rest) = self.check(false)?;
+        let monitor = Monitor::new(&mut rest.watch, &registry, rest.clock.clone(), &threads.name)
+            .map_err(BuildError::Spawn)?;
+        let timed = registry.entries().iter().any(|e| e.timeout.is_some());
         let store = MemoryStore::start(
             registry,
             rest.clock,
             rest.retention,
             threads.count,
             next_pool_id(),
+            monitor.events.clone(),
         );
-        let handles = worker::spawn(&store, &threads).map_err(BuildError::Spawn)?;
-        Ok(Pool::new(store, handles))
+        start(store, monitor, rest.watch, timed, &threads)
     }
 }
 
@@ -303,6 +435,7 @@ impl Builder<Embedded> {
             thread_name: self.thread_name,
             stack_size: self.stack_size,
             quiet_panics: self.quiet_panics,
+            oversight: self.oversight,
             store: crate::postgres::Postgres::new(url.into()),
         }
     }
@@ -442,16 +575,19 @@ impl Builder<crate::postgres::Postgres> {
     ///
     /// See [`Builder::postgres`].
     pub fn build(self) -> Result<Pool, BuildError> {
-        let (registry, threads, rest) = self.check(true)?;
+        let (registry, threads, mut rest) = self.check(true)?;
+        let monitor = Monitor::new(&mut rest.watch, &registry, rest.clock.clone(), &threads.name)
+            .map_err(BuildError::Spawn)?;
+        let timed = registry.entries().iter().any(|e| e.timeout.is_some());
         let store = crate::store::postgres::PgStore::start(
             registry,
             rest.store,
             threads.count,
             rest.clock,
             rest.retention,
+            monitor.events.clone(),
         )?;
-        let handles = worker::spawn(&store, &threads).map_err(BuildError::Spawn)?;
-        Ok(Pool::new(store, handles))
+        start(store, monitor, rest.watch, timed, &threads)
     }
 }
 
@@ -459,6 +595,7 @@ impl Builder<crate::postgres::Postgres> {
 pub(crate) struct Checked<S> {
     pub(crate) clock: Clock,
     pub(crate) retention: Retention,
+    pub(crate) watch: Watch,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) store: S,
 }
@@ -494,7 +631,28 @@ impl<S> Builder<S> {
         if self.thread_name.contains('\0') {
             return Err(BuildError::InvalidThreadName(self.thread_name));
         }
+        let oversight = self.oversight;
         let mut registry = Registry::default();
+        for &(name, breaker) in &oversight.breakers {
+            if registry.downstreams.iter().any(|&(n, _)| n == name) {
+                return Err(invalid("a breaker", name, "is set twice"));
+            }
+            if breaker.failures() == 0 {
+                return Err(invalid("a breaker", name, "opens after zero failures"));
+            }
+            check_duration(breaker.cool_down(), "a breaker's cool-down")?;
+            registry.downstreams.push((name, breaker));
+        }
+        if let Some(aging) = oversight.aging {
+            if aging.every().is_zero() {
+                return Err(invalid("aging", "the pool", "earns a level every zero seconds"));
+            }
+            registry.aging = Some(aging);
+        }
+        if oversight.monitor_interval.is_zero() {
+            return Err(invalid("the monitor interval", "the pool", "is zero"));
+        }
+        check_duration(oversight.monitor_interval, "the monitor interval")?;
         for Pending { mut entry, options } in self.pending {
             entry.max_attempts = options.max_attempts.unwrap_or(self.max_attempts);
             if entry.max_attempts == 0 {
@@ -502,9 +660,47 @@ impl<S> Builder<S> {
             }
             entry.retry = options.retry.unwrap_or(self.retry);
             check_cap(&entry.retry)?;
+            if let Some(timeout) = options.timeout {
+                if timeout.is_zero() {
+                    return Err(invalid("a timeout", entry.name, "is zero"));
+                }
+                check_duration(timeout.saturating_add(oversight.stuck_after), "a timeout")?;
+                entry.timeout = Some(timeout);
+            }
+            if let Some(name) = options.downstream {
+                let index = registry
+                    .downstreams
+                    .iter()
+                    .position(|&(n, _)| n == name)
+                    .ok_or_else(|| invalid("a downstream", entry.name, "has no breaker"))?;
+                entry.downstream = Some(index as u32);
+            }
+            if let Some(limit) = options.concurrency {
+                if limit == 0 {
+                    return Err(invalid("a concurrency limit", entry.name, "is zero"));
+                }
+                entry.concurrency = Some(limit);
+            }
+            if let Some(rate) = options.rate {
+                if !rate.is_valid() {
+                    return Err(invalid(
+                        "a rate limit",
+                        entry.name,
+                        "needs a positive, finite rate and a burst of at least 1",
+                    ));
+                }
+                entry.rate = Some(rate);
+            }
             registry
                 .insert(entry)
                 .expect("duplicates were refused above");
+        }
+        for alert in &oversight.alerts {
+            if let AlertScope::TaskType(name) = alert.scope() {
+                if registry.index_of(name).is_none() {
+                    return Err(invalid("an alert", name, "names a type the pool does not register"));
+                }
+            }
         }
 
         let threads = worker::Threads {
@@ -517,6 +713,12 @@ impl<S> Builder<S> {
         let rest = Checked {
             clock: self.clock,
             retention: self.retention,
+            watch: Watch {
+                hooks: oversight.hooks,
+                alerts: oversight.alerts,
+                stuck_after: oversight.stuck_after,
+                interval: oversight.monitor_interval,
+            },
             store: self.store,
         };
         Ok((registry, threads, rest))
@@ -721,6 +923,132 @@ impl<S> Builder<S> {
         self.stack_size = Some(bytes);
         self
     }
+
+    /// Calls `hook` with every [`Event`] of the pool: each dead letter, each stuck handler,
+    /// each breaker change, each alert raised or cleared. Hooks run in order on one thread of
+    /// their own (never on a worker, never under a lock), each inside `catch_unwind`: a hook
+    /// that panics misses that event only. A hook may call back into the pool. Events are
+    /// delivered until the pool shuts down ([`Pool::shutdown`](crate::Pool::shutdown) returns
+    /// after the hooks have seen every event before it) or is dropped. May be called more than
+    /// once; each hook sees every event. Defaults to none (and then no thread).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use tasq::{Event, HandlerError, Pool, TaskType};
+    ///
+    /// const CHARGE: TaskType<u32, ()> = TaskType::new("charge");
+    /// let (tx, rx) = mpsc::channel();
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .on_event(move |event: &Event| {
+    ///         if let Event::DeadLetter { id, .. } = event {
+    ///             let _ = tx.send(*id);
+    ///         }
+    ///     })
+    ///     .register(CHARGE, |_, _: &u32| Err::<(), _>(HandlerError::permanent("card declined")))
+    ///     .build()?;
+    /// let handle = pool.submit(CHARGE.task(5))?;
+    /// assert_eq!(rx.recv()?, handle.id());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_event<F>(mut self, hook: F) -> Self
+    where
+        F: FnMut(&Event) + Send + 'static,
+    {
+        self.oversight.hooks.push(Box::new(hook));
+        self
+    }
+
+    /// Adds a backlog alert: a threshold on the ready tasks' depth or age, checked every
+    /// [`monitor_interval`](Builder::monitor_interval), reported once when reached and once
+    /// when cleared. An alert on a type the pool does not register makes the build fail with
+    /// [`BuildError::InvalidSetting`]. Defaults to none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::Alert;
+    /// let builder = tasq::Pool::builder()
+    ///     .alert(Alert::ready_depth(10_000))
+    ///     .alert(Alert::oldest_ready(Duration::from_secs(60)).priority(0));
+    /// # let _ = builder;
+    /// ```
+    pub fn alert(mut self, alert: Alert) -> Self {
+        self.oversight.alerts.push(alert);
+        self
+    }
+
+    /// Gives the downstream `name` a circuit breaker; task types name their downstream with
+    /// [`TypeOptions::downstream`]. On the durable store the breaker's state is shared by every
+    /// pool on the database (a row per downstream): they open, probe and close together. A name
+    /// given twice, or zero failures, makes the build fail with [`BuildError::InvalidSetting`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{Breaker, HandlerError, Pool, TaskType, TypeOptions};
+    ///
+    /// const CHARGE: TaskType<u32, ()> = TaskType::new("charge");
+    /// const REFUND: TaskType<u32, ()> = TaskType::new("refund");
+    /// let pool = Pool::builder()
+    ///     .breaker("payments", Breaker::new(5, Duration::from_secs(30)))
+    ///     .register_with(CHARGE, TypeOptions::new().downstream("payments"), |_, _: &u32| Ok::<_, HandlerError>(()))
+    ///     .register_with(REFUND, TypeOptions::new().downstream("payments"), |_, _: &u32| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// assert_eq!(pool.stats().breakers, [("payments", tasq::BreakerState::Closed)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn breaker(mut self, name: &'static str, breaker: Breaker) -> Self {
+        self.oversight.breakers.push((name, breaker));
+        self
+    }
+
+    /// Lets ready tasks age: their priority rises the longer they wait, up to a ceiling (see
+    /// [`Aging`] for the bound this gives). Defaults to strict priority: no aging.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let builder = tasq::Pool::builder().aging(tasq::Aging::new(Duration::from_secs(10), 9));
+    /// # let _ = builder;
+    /// ```
+    pub fn aging(mut self, aging: Aging) -> Self {
+        self.oversight.aging = Some(aging);
+        self
+    }
+
+    /// How long past its timeout ([`TypeOptions::timeout`]) a handler may still run before it
+    /// is reported stuck. Defaults to 10 seconds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = tasq::Pool::builder().stuck_after(std::time::Duration::from_secs(60));
+    /// # let _ = builder;
+    /// ```
+    pub fn stuck_after(mut self, grace: std::time::Duration) -> Self {
+        self.oversight.stuck_after = grace;
+        self
+    }
+
+    /// How often the pool checks its [alerts](Builder::alert), on its clock. Zero makes the
+    /// build fail with [`BuildError::InvalidSetting`]. Defaults to one second.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let builder = tasq::Pool::builder().monitor_interval(std::time::Duration::from_millis(250));
+    /// # let _ = builder;
+    /// ```
+    pub fn monitor_interval(mut self, interval: std::time::Duration) -> Self {
+        self.oversight.monitor_interval = interval;
+        self
+    }
 }
 
 /// The retry cap is added to the current time for every retry: it must not overflow.
@@ -728,6 +1056,42 @@ impl<S> Builder<S> {
 fn next_pool_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Starts the workers and the monitor on a started store, and makes the pool.
+fn start<S: Store + 'static>(
+    store: Arc<S>,
+    monitor: Arc<Monitor>,
+    watch: Watch,
+    timed: bool,
+    threads: &worker::Threads,
+) -> Result<Pool, BuildError> {
+    let handles = worker::spawn(&store, &monitor, threads).map_err(BuildError::Spawn)?;
+    let store: Arc<dyn Store> = store;
+    let weak = Arc::downgrade(&store);
+    let pool = Pool::new(store, Arc::clone(&monitor), handles);
+    // Dropped on failure: the pool stops its workers.
+    monitor
+        .start(weak, watch.alerts, timed, &threads.name)
+        .map_err(BuildError::Spawn)?;
+    Ok(pool)
+}
+
+/// A setting that makes no sense.
+fn invalid(setting: &'static str, of: &'static str, problem: &'static str) -> BuildError {
+    BuildError::InvalidSetting {
+        setting,
+        of,
+        problem,
+    }
+}
+
+/// A duration the engine adds to the current time must not overflow.
+fn check_duration(duration: Duration, what: &'static str) -> Result<(), BuildError> {
+    match Instant::now().checked_add(duration) {
+        Some(_) => Ok(()),
+        None => Err(BuildError::DurationOverflow(what)),
+    }
 }
 
 fn check_cap(policy: &RetryPolicy) -> Result<(), BuildError> {
@@ -762,6 +1126,7 @@ impl<S: fmt::Debug> fmt::Debug for Builder<S> {
             .field("seed", &self.seed)
             .field("thread_name", &self.thread_name)
             .field("quiet_panics", &self.quiet_panics)
+            .field("oversight", &self.oversight)
             .field("store", &self.store)
             .finish_non_exhaustive()
     }

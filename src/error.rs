@@ -43,6 +43,17 @@ pub enum BuildError {
     /// the schema is missing or from another version (see [`crate::postgres::migrate`]).
     #[error("the store could not start: {0}")]
     Store(String),
+    /// A setting that makes no sense: a zero limit or timeout, a breaker that opens after zero
+    /// failures, a downstream without a breaker, an alert on a type the pool does not register.
+    #[error("{setting} of {of} {problem}")]
+    InvalidSetting {
+        /// Which setting.
+        setting: &'static str,
+        /// Whose: a task type's or downstream's name, or "the pool".
+        of: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
 }
 
 /// Why a submit was refused. It hands the task back: [`into_task`](SubmitError::into_task).

@@ -56,6 +56,9 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(unreachable_pub)]
 
+mod aging;
+mod alert;
+mod breaker;
 mod builder;
 mod cancel;
 mod clock;
@@ -65,7 +68,11 @@ mod completion;
 mod context;
 mod dead_letter;
 mod error;
+mod event;
 mod handle;
+mod limit;
+mod metrics;
+mod monitor;
 mod pool;
 mod registry;
 mod retry;
@@ -74,9 +81,13 @@ mod store;
 mod submit;
 mod sync;
 mod task;
+mod trace;
 mod unwind;
 mod worker;
 
+pub use aging::Aging;
+pub use alert::{Alert, AlertScope, AlertValue};
+pub use breaker::{Breaker, BreakerState};
 pub use builder::{Builder, Embedded, TypeOptions};
 
 /// The durable store (feature `postgres`): tasks in PostgreSQL, shared by pools in many
@@ -97,10 +108,13 @@ pub use error::SucceedInError;
 pub use error::{
     BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind, TaskError, WaitError,
 };
+pub use event::Event;
 pub use handle::{Outcome, Resubmitted, TaskHandle};
+pub use limit::RateLimit;
+pub use metrics::{Histogram, Metrics, RUN_TIME_BUCKETS, RunCounts, TypeMetrics};
 pub use pool::Pool;
 pub use retry::{HandlerError, ResultExt, RetryPolicy};
-pub use stats::{ShutdownReport, Stats, TaskInfo, Totals};
+pub use stats::{ShutdownReport, Stats, TaskInfo, Totals, TypeStats};
 pub use task::{
     CancelOutcome, CancelReason, Dependency, Failure, FailureReason, ParseTaskIdError, Task,
     TaskId, TaskState, TaskType,

@@ -7,7 +7,9 @@ use crate::builder::Builder;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitError, WaitError};
 use crate::handle::{Resubmitted, TaskHandle};
-use crate::stats::{ShutdownReport, Stats, TaskInfo};
+use crate::metrics::Metrics;
+use crate::monitor::Monitor;
+use crate::stats::{ShutdownReport, Stats, TaskInfo, TypeStats};
 use crate::store::Store;
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
 use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
@@ -49,15 +51,22 @@ use crate::{unwind, worker};
 pub struct Pool {
     /// Where the tasks are: the only way this pool reaches them.
     store: Arc<dyn Store>,
+    /// Events, metrics, timeouts and alerts: the same for every store.
+    monitor: Arc<Monitor>,
     workers: Mutex<Vec<JoinHandle>>,
     worker_ids: Vec<ThreadId>,
 }
 
 impl Pool {
-    pub(crate) fn new(store: Arc<dyn Store>, handles: Vec<JoinHandle>) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        monitor: Arc<Monitor>,
+        handles: Vec<JoinHandle>,
+    ) -> Self {
         let worker_ids = handles.iter().map(sync::thread_id).collect();
         Pool {
             store,
+            monitor,
             workers: Mutex::new(handles),
             worker_ids,
         }
@@ -227,6 +236,7 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
+        crate::trace::cancelled(id);
         self.store.cancel(id)
     }
 
@@ -425,7 +435,57 @@ impl Pool {
     /// ```
     #[must_use]
     pub fn stats(&self) -> Stats {
-        self.store.stats()
+        let mut stats = self.store.stats();
+        stats.stuck = self.monitor.stuck();
+        stats
+    }
+
+    /// Each registered type's backlog: ready and running tasks, and how long its oldest ready
+    /// task has waited. On the embedded store this reads every ready task (under the pool's
+    /// lock); on the durable store it is one grouped query.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, ManualClock, Pool, TaskType};
+    ///
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let clock = ManualClock::new();
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .manual_clock(clock.clone())
+    ///     .register(JOB, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// pool.submit(JOB.task(()).delay(Duration::from_secs(5)))?;
+    /// assert_eq!(pool.type_stats()[0].ready, 0); // scheduled, not ready
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn type_stats(&self) -> Vec<TypeStats> {
+        self.store.type_stats()
+    }
+
+    /// A snapshot of everything the pool measures (see [`Metrics`]);
+    /// [`Metrics::to_prometheus`] renders it for a Prometheus scraper. Costs a
+    /// [`stats`](Pool::stats) and a [`type_stats`](Pool::type_stats).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const JOB: TaskType<(), ()> = TaskType::new("job");
+    /// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let text = pool.metrics().to_prometheus();
+    /// assert!(text.contains("# TYPE tasq_run_seconds histogram"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn metrics(&self) -> Metrics {
+        Metrics::new(
+            self.stats(),
+            self.store.type_stats(),
+            &self.monitor.runs,
+            self.monitor.events.dead_letters_by_reason(),
+        )
     }
 
     /// Every dead letter, oldest id first: a copy of each. Dead letters stay until taken,
@@ -685,6 +745,7 @@ impl Pool {
     /// ```
     pub fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let started = Instant::now();
+        crate::trace::shutdown(timeout);
         let deadline = self.store.clock().deadline_after(timeout);
         // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
         // (another handler may be in shutdown too, waiting for this one's thread).
@@ -698,6 +759,11 @@ impl Pool {
             }
         }
         let totals = self.store.wait_for_workers(from_handler);
+        // Every run has ended (but a handler's own, in shutdown from a handler): the monitor has
+        // nothing left to time, and the hooks hear of every event before this returns.
+        self.monitor.stop_and_join();
+        self.monitor.events.flush();
+        self.monitor.events.stop();
         ShutdownReport {
             succeeded: totals.succeeded,
             failed: totals.failed,
@@ -736,6 +802,8 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.store.stop_now();
+        self.monitor.stop();
+        self.monitor.events.stop();
     }
 }
 

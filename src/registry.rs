@@ -4,7 +4,12 @@ use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
 
+use std::time::Duration;
+
+use crate::aging::Aging;
+use crate::breaker::Breaker;
 use crate::context::Context;
+use crate::limit::RateLimit;
 use crate::error::SubmitErrorKind;
 use crate::retry::{HandlerError, RetryPolicy};
 use crate::task::TaskType;
@@ -24,12 +29,25 @@ pub(crate) struct Entry {
     pub(crate) handler: ErasedHandler,
     pub(crate) max_attempts: u32,
     pub(crate) retry: RetryPolicy,
+    /// Each run's token fires this long after it starts (see `TypeOptions::timeout`).
+    pub(crate) timeout: Option<Duration>,
+    /// The downstream this type calls: an index into [`Registry::downstreams`].
+    pub(crate) downstream: Option<u32>,
+    /// At most this many of the type's tasks run at once.
+    pub(crate) concurrency: Option<u32>,
+    /// At most this many of the type's tasks start per second.
+    pub(crate) rate: Option<RateLimit>,
     /// How a durable store turns the payload and output into JSON and back.
     #[cfg(feature = "postgres")]
     pub(crate) codec: Option<crate::codec::Codec>,
 }
 
 impl Entry {
+    /// Whether a limit or a breaker may hold this type's tasks back.
+    pub(crate) fn is_gated(&self) -> bool {
+        self.concurrency.is_some() || self.rate.is_some() || self.downstream.is_some()
+    }
+
     /// The entry of `ty`, run by `handler`; its attempts and retry policy are filled in when the
     /// pool is built, from the type's options or the pool's defaults.
     pub(crate) fn new<P, O, F>(ty: TaskType<P, O>, handler: F) -> Entry
@@ -50,6 +68,10 @@ impl Entry {
             }),
             max_attempts: 0,
             retry: RetryPolicy::default(),
+            timeout: None,
+            downstream: None,
+            concurrency: None,
+            rate: None,
             #[cfg(feature = "postgres")]
             codec: None,
         }
@@ -62,6 +84,10 @@ impl Entry {
 pub(crate) struct Registry {
     entries: Vec<Entry>,
     by_name: HashMap<&'static str, u32>,
+    /// The downstreams with circuit breakers, by the index an [`Entry`] names.
+    pub(crate) downstreams: Vec<(&'static str, Breaker)>,
+    /// How ready tasks age, if they do.
+    pub(crate) aging: Option<Aging>,
 }
 
 impl Registry {
@@ -111,6 +137,16 @@ impl Registry {
 
     pub(crate) fn entry(&self, index: u32) -> &Entry {
         &self.entries[index as usize]
+    }
+
+    /// Every entry, by index.
+    pub(crate) fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Whether some type's tasks may be held back before they start: a limit or a breaker.
+    pub(crate) fn has_gates(&self) -> bool {
+        self.entries.iter().any(Entry::is_gated)
     }
 }
 

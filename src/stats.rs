@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::breaker::BreakerState;
 use crate::task::{TaskId, TaskState};
 
 /// A snapshot of a pool, taken under its lock in time proportional to the number of priorities
@@ -42,6 +43,16 @@ pub struct Stats {
     pub ready_by_priority: Vec<(u8, usize)>,
     /// How long the oldest ready task has waited for a worker.
     pub oldest_ready: Option<Duration>,
+    /// How long the oldest ready task of each priority has waited, highest priority first;
+    /// only priorities with ready tasks.
+    pub oldest_ready_by_priority: Vec<(u8, Duration)>,
+    /// Each downstream's circuit breaker (see [`Builder::breaker`](crate::Builder::breaker)),
+    /// in the order they were set.
+    pub breakers: Vec<(&'static str, BreakerState)>,
+    /// Handlers still running past their timeout and the grace after it
+    /// ([`Builder::stuck_after`](crate::Builder::stuck_after)): the workers they hold are lost
+    /// to the pool until they return.
+    pub stuck: usize,
     /// Entries in the delayed heap, including those of cancelled tasks not yet swept.
     pub delayed_entries: usize,
     /// Counters since the pool was built.
@@ -168,6 +179,9 @@ impl Stats {
             dead_letters: 0,
             ready_by_priority: Vec::new(),
             oldest_ready: None,
+            oldest_ready_by_priority: Vec::new(),
+            breakers: Vec::new(),
+            stuck: 0,
             delayed_entries: 0,
             totals,
         }
@@ -185,6 +199,43 @@ impl Totals {
             retried: self.retried - earlier.retried,
             worker_panics: self.worker_panics - earlier.worker_panics,
             store_errors: self.store_errors - earlier.store_errors,
+        }
+    }
+}
+
+/// One task type's backlog, from [`Pool::type_stats`](crate::Pool::type_stats) and in
+/// [`Metrics`](crate::Metrics).
+///
+/// # Examples
+///
+/// ```
+/// use tasq::{HandlerError, Pool, TaskType};
+/// const JOB: TaskType<(), ()> = TaskType::new("job");
+/// let pool = Pool::builder().workers(1).register(JOB, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+/// let types = pool.type_stats();
+/// assert_eq!((types[0].task_type, types[0].ready), ("job", 0));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TypeStats {
+    /// The type's name.
+    pub task_type: &'static str,
+    /// Its tasks waiting for a worker (including those a limit or a breaker holds back).
+    pub ready: usize,
+    /// Its tasks being run (on the durable store: by every pool on the database).
+    pub running: usize,
+    /// How long its oldest ready task has waited.
+    pub oldest_ready: Option<Duration>,
+}
+
+impl TypeStats {
+    pub(crate) fn new(task_type: &'static str) -> Self {
+        TypeStats {
+            task_type,
+            ready: 0,
+            running: 0,
+            oldest_ready: None,
         }
     }
 }

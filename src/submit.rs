@@ -22,7 +22,11 @@ where
     if store.is_closed() {
         return Err(SubmitError::new(SubmitErrorKind::ShutDown, task));
     }
+    let (name, priority) = (task.ty.name(), task.priority);
     let submitted = send(store, task, |submission| store.submit(submission))?;
+    if !submitted.duplicate {
+        crate::trace::submitted(submitted.id, name, priority);
+    }
     Ok(TaskHandle::new(
         submitted.id,
         submitted.completion,

@@ -503,6 +503,45 @@ pub enum FailureReason {
     /// The durable store: the last attempt's lease expired before its worker finished it (the
     /// worker's process died or stalled), so no attempt is left to run it again.
     LeaseExpired,
+    /// Every allowed attempt ran past its type's timeout
+    /// ([`TypeOptions::timeout`](crate::TypeOptions::timeout)), the last one included.
+    TimedOut,
+}
+
+impl FailureReason {
+    /// Every reason, in a fixed order (the metrics list them so).
+    pub(crate) const ALL: [FailureReason; 6] = [
+        FailureReason::Permanent,
+        FailureReason::Panicked,
+        FailureReason::Exhausted,
+        FailureReason::BadPayload,
+        FailureReason::LeaseExpired,
+        FailureReason::TimedOut,
+    ];
+
+    /// This reason's place in [`ALL`](FailureReason::ALL).
+    pub(crate) fn index(self) -> usize {
+        match self {
+            FailureReason::Permanent => 0,
+            FailureReason::Panicked => 1,
+            FailureReason::Exhausted => 2,
+            FailureReason::BadPayload => 3,
+            FailureReason::LeaseExpired => 4,
+            FailureReason::TimedOut => 5,
+        }
+    }
+
+    /// A name for labels and columns: lower case, no spaces.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            FailureReason::Permanent => "permanent",
+            FailureReason::Panicked => "panicked",
+            FailureReason::Exhausted => "exhausted",
+            FailureReason::BadPayload => "bad_payload",
+            FailureReason::LeaseExpired => "lease_expired",
+            FailureReason::TimedOut => "timed_out",
+        }
+    }
 }
 
 impl fmt::Display for FailureReason {
@@ -513,6 +552,7 @@ impl fmt::Display for FailureReason {
             FailureReason::Exhausted => "exhausted",
             FailureReason::BadPayload => "bad payload",
             FailureReason::LeaseExpired => "lease expired",
+            FailureReason::TimedOut => "timed out",
         })
     }
 }

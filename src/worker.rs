@@ -2,16 +2,18 @@
 //! result, complete the task. And the supervision that keeps a worker alive whatever happens.
 
 use std::cell::Cell;
+use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::context::Context;
+use crate::monitor::Monitor;
 use crate::registry::Entry;
 use crate::store::{Claim, RunOutcome, Store};
 use crate::sync::{self, Arc, JoinHandle};
 use crate::task::{Failure, FailureReason, TaskId};
-use crate::unwind;
+use crate::{trace, unwind};
 
 /// How the worker threads are started.
 pub(crate) struct Threads {
@@ -29,11 +31,13 @@ pub(crate) struct Threads {
 /// threads already started are joined, and the error returned.
 pub(crate) fn spawn<S: Store + 'static>(
     store: &Arc<S>,
+    monitor: &Arc<Monitor>,
     threads: &Threads,
 ) -> std::io::Result<Vec<JoinHandle>> {
     let mut handles = Vec::with_capacity(threads.count);
     for index in 0..threads.count {
         let worker_store = Arc::clone(store);
+        let monitor = Arc::clone(monitor);
         let name = format!("{}-{index}", threads.name);
         let quiet = threads.quiet_panics;
         let seed = threads.seed;
@@ -43,7 +47,7 @@ pub(crate) fn spawn<S: Store + 'static>(
             }
             let _exit = ExitGuard(&*worker_store);
             let mut rng = rng(seed, index);
-            supervise(&worker_store, &mut rng);
+            supervise(&worker_store, &monitor, &mut rng);
         });
         match spawned {
             Ok(handle) => handles.push(handle),
@@ -114,12 +118,12 @@ impl Drop for Running {
 /// that still escapes is the engine's own bug; the worker does not die of it: the task it held
 /// ends failed (so every wait on it returns), the pool counts the panic in
 /// [`Totals::worker_panics`](crate::Totals::worker_panics), and the worker starts its loop again.
-fn supervise<S: Store + 'static, R: Rng>(store: &Arc<S>, rng: &mut R) {
+fn supervise<S: Store + 'static, R: Rng>(store: &Arc<S>, monitor: &Monitor, rng: &mut R) {
     // What a handler's context reaches its pool through.
     let pool: Arc<dyn Store> = Arc::clone(store) as Arc<dyn Store>;
     let held = Cell::new(None);
     loop {
-        match unwind::catch(|| run(&**store, &pool, rng, &held)) {
+        match unwind::catch(|| run(&**store, &pool, monitor, rng, &held)) {
             Ok(()) => return,
             Err(message) => {
                 let message = format!("the worker running this task panicked: {message}");
@@ -134,6 +138,7 @@ fn supervise<S: Store + 'static, R: Rng>(store: &Arc<S>, rng: &mut R) {
 fn run<S: Store, R: Rng>(
     store: &S,
     pool: &Arc<dyn Store>,
+    monitor: &Monitor,
     rng: &mut R,
     held: &Cell<Option<TaskId>>,
 ) {
@@ -152,10 +157,26 @@ fn run<S: Store, R: Rng>(
             claim.lease,
             pool,
         );
+        let timed = entry
+            .timeout
+            .map(|timeout| monitor.begin(claim.id, entry.name, claim.attempt, &claim.token, timeout));
+        let started = Instant::now();
         let outcome = {
             let _running = Running::enter(claim.id);
+            let _span = trace::run(claim.id, entry.name, claim.attempt);
             run_handler(entry, &ctx, &claim, rng)
         };
+        let took = started.elapsed();
+        let timed_out = timed.is_some_and(|key| monitor.end(key));
+        let outcome = if timed_out {
+            past_timeout(outcome, entry, &claim, rng)
+        } else {
+            outcome
+        };
+        monitor.runs.record(claim.type_index, &outcome, took, timed_out);
+        if let RunOutcome::Retry { delay, error } = &outcome {
+            trace::retry(*delay, error);
+        }
         let token = ctx.into_token();
         next = store.complete_and_claim(claim, outcome, token);
         held.set(next.as_ref().map(|c| c.id));
@@ -202,6 +223,33 @@ fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mu
         text,
         Some(source.into()),
     ))
+}
+
+/// What a run that outlived its timeout counts as, whatever the handler returned: a retryable
+/// failure, or a dead letter once no attempt is left. A panic stays a panic. What the handler
+/// returned is user code, dropped inside `catch_unwind`.
+fn past_timeout<R: Rng>(outcome: RunOutcome, entry: &Entry, claim: &Claim, rng: &mut R) -> RunOutcome {
+    match outcome {
+        RunOutcome::Failed(failure) if failure.reason == FailureReason::Panicked => {
+            return RunOutcome::Failed(failure);
+        }
+        RunOutcome::Succeeded(output) => unwind::drop_quietly(output),
+        RunOutcome::Failed(failure) => unwind::drop_quietly(failure),
+        RunOutcome::Retry { .. } => {}
+    }
+    let timeout = entry.timeout.unwrap_or_default();
+    let error = format!("the handler ran past its timeout of {timeout:?}");
+    if claim.attempt >= entry.max_attempts {
+        RunOutcome::Failed(Failure::new(
+            FailureReason::TimedOut,
+            claim.attempt,
+            error,
+            None,
+        ))
+    } else {
+        let delay = entry.retry.draw(claim.attempt, rng);
+        RunOutcome::Retry { delay, error }
+    }
 }
 
 #[cfg(all(test, not(tasq_loom)))]

@@ -14,15 +14,16 @@ use std::any::Any;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::breaker::Verdict;
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
 use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::registry::Registry;
-use crate::stats::{Stats, TaskInfo, Totals};
+use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::sync::Arc;
-use crate::task::{CancelOutcome, Dependency, Failure, Start, TaskId, TaskState};
+use crate::task::{CancelOutcome, Dependency, Failure, FailureReason, Start, TaskId, TaskState};
 
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
@@ -103,6 +104,21 @@ pub(crate) enum RunOutcome {
     Failed(Failure),
 }
 
+impl RunOutcome {
+    /// What the run says about its type's downstream (see `breaker.rs`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn verdict(&self) -> Verdict {
+        match self {
+            RunOutcome::Succeeded(_) => Verdict::Success,
+            RunOutcome::Retry { .. } => Verdict::Failure,
+            RunOutcome::Failed(failure) => match failure.reason {
+                FailureReason::Exhausted | FailureReason::TimedOut => Verdict::Failure,
+                _ => Verdict::Neither,
+            },
+        }
+    }
+}
+
 /// What a shutdown's drain did.
 pub(crate) struct Drained {
     pub(crate) deadline_reached: bool,
@@ -159,6 +175,9 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)>;
 
     fn stats(&self) -> Stats;
+
+    /// Each registered type's backlog, in registry order. May cost a scan of the ready tasks.
+    fn type_stats(&self) -> Vec<TypeStats>;
 
     // ===== dead letters =====
 

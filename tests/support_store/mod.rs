@@ -99,6 +99,32 @@ impl TestBuilder {
         fn seed(seed: u64);
         fn quiet_panics(quiet: bool);
         fn thread_name(name: String);
+        fn breaker(name: &'static str, breaker: tasq::Breaker);
+        fn aging(aging: tasq::Aging);
+        fn alert(alert: tasq::Alert);
+        fn stuck_after(grace: Duration);
+        fn monitor_interval(interval: Duration);
+    }
+
+    /// Calls `hook` with every event of the pool (see `Builder::on_event`).
+    pub fn on_event<F>(self, hook: F) -> Self
+    where
+        F: FnMut(&tasq::Event) + Send + 'static,
+    {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b.on_event(hook)),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => TestBuilder::Postgres(b.on_event(hook), db),
+        }
+    }
+
+    /// Sends every event of the pool to the returned receiver.
+    pub fn events(self) -> (Self, Receiver<tasq::Event>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let builder = self.on_event(move |event: &tasq::Event| {
+            let _ = tx.send(event.clone());
+        });
+        (builder, rx)
     }
 
     pub fn register<P, O, F>(self, ty: TaskType<P, O>, handler: F) -> Self

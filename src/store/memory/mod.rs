@@ -70,11 +70,12 @@ use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::registry::Registry;
-use crate::stats::{Stats, TaskInfo, Totals};
+use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak,
 };
+use crate::event::Events;
 use crate::task::{CancelOutcome, CancelReason, TaskId, TaskState};
 
 /// The embedded store: what the pool, its workers and its handles share in one process.
@@ -110,9 +111,10 @@ impl MemoryStore {
         retention: Retention,
         workers: usize,
         pool_id: u64,
+        events: Events,
     ) -> Arc<Self> {
         let shared = Arc::new(MemoryStore::new(
-            registry, clock, retention, workers, pool_id,
+            registry, clock, retention, workers, pool_id, events,
         ));
         let sleeper: Weak<MemoryStore> = Arc::downgrade(&shared);
         shared.clock.register(sleeper);
@@ -125,13 +127,15 @@ impl MemoryStore {
         retention: Retention,
         workers: usize,
         pool_id: u64,
+        events: Events,
     ) -> Self {
         let epoch = clock.now();
+        let names = registry.entries().iter().map(|e| e.name).collect();
         // An Instant that far out always exists (Instants are at least 64-bit seconds).
         let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
         MemoryStore {
             latest_run_at,
-            state: Mutex::new(State::new(retention, workers, epoch, pool_id)),
+            state: Mutex::new(State::new(retention, workers, epoch, pool_id, events, names)),
             pool_id,
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
@@ -329,6 +333,11 @@ impl Store for MemoryStore {
     fn stats(&self) -> Stats {
         let now = self.clock.now();
         self.state.lock().stats(now)
+    }
+
+    fn type_stats(&self) -> Vec<TypeStats> {
+        let state = self.state.lock();
+        state.type_stats(self.clock.now())
     }
 
     fn dead_letters(

@@ -41,11 +41,12 @@ use super::queue::{DelayedQueue, Epoch, ReadyQueue};
 use super::record::{Effects, Record};
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
+use crate::event::Events;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError};
 use crate::registry::Registry;
-use crate::stats::{Stats, TaskInfo, Totals};
+use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, RunOutcome};
 use crate::sync::Arc;
 use crate::task::{
@@ -160,6 +161,10 @@ pub(crate) struct State {
     dead: BTreeSet<Seq>,
     /// This pool's id: the first half of every [`TaskId`] it gives.
     pool: u64,
+    /// Where dead letters are reported (a channel send: no user code runs under the lock).
+    events: Events,
+    /// The task types' names, by index.
+    names: Vec<&'static str>,
     counts: Counts,
     totals: Totals,
     next_id: u64,
@@ -185,9 +190,18 @@ pub(crate) struct State {
 
 impl State {
     /// `epoch`: the pool's start on its clock; no due time is earlier.
-    pub(crate) fn new(retention: Retention, workers: usize, epoch: Instant, pool: u64) -> Self {
+    pub(crate) fn new(
+        retention: Retention,
+        workers: usize,
+        epoch: Instant,
+        pool: u64,
+        events: Events,
+        names: Vec<&'static str>,
+    ) -> Self {
         State {
             pool,
+            events,
+            names,
             records: IdMap::default(),
             tokens: IdMap::default(),
             epoch: Epoch(epoch),
@@ -603,6 +617,12 @@ impl State {
                         self.dead.insert(seq);
                     }
                     record.extra().failure = Some(failure.clone());
+                    let name = self.names.get(record.type_index as usize).copied();
+                    self.events.dead_letter(
+                        TaskId::from_parts(self.pool, seq),
+                        name.unwrap_or("?"),
+                        &failure,
+                    );
                     Finished::Failed(Box::new(failure))
                 }
                 End::Cancelled(reason) => {
@@ -1054,12 +1074,14 @@ impl State {
                 .get(&id)
                 .is_some_and(|r| r.state == TaskState::Ready)
         });
-        let oldest_ready = fronts
+        let oldest_ready_by_priority: Vec<(u8, Duration)> = fronts
             .iter()
-            .map(|&(_, _, id)| {
-                now.saturating_duration_since(self.epoch.instant(records[&id].since))
+            .map(|&(p, _, id)| {
+                let since = self.epoch.instant(records[&id].since);
+                (p, now.saturating_duration_since(since))
             })
-            .max();
+            .collect();
+        let oldest_ready = oldest_ready_by_priority.iter().map(|&(_, age)| age).max();
         Stats {
             workers: self.live_workers,
             blocked: self.counts.blocked,
@@ -1070,9 +1092,33 @@ impl State {
             dead_letters: self.dead.len(),
             ready_by_priority: fronts.iter().map(|&(p, n, _)| (p, n)).collect(),
             oldest_ready,
+            oldest_ready_by_priority,
+            breakers: Vec::new(),
+            stuck: 0,
             delayed_entries: self.delayed.entries(),
             totals: self.totals,
         }
+    }
+
+    /// Each type's ready and running tasks and oldest ready wait: a pass over every record.
+    pub(crate) fn type_stats(&self, now: Instant) -> Vec<TypeStats> {
+        let mut types: Vec<TypeStats> = self.names.iter().map(|&n| TypeStats::new(n)).collect();
+        for record in self.records.values() {
+            let Some(t) = types.get_mut(record.type_index as usize) else {
+                continue;
+            };
+            match record.state {
+                TaskState::Ready => {
+                    t.ready += 1;
+                    let since = self.epoch.instant(record.since);
+                    let age = now.saturating_duration_since(since);
+                    t.oldest_ready = Some(t.oldest_ready.map_or(age, |a| a.max(age)));
+                }
+                TaskState::Running => t.running += 1,
+                _ => {}
+            }
+        }
+        types
     }
 
     /// Takes every record out, for [`MemoryStore`](super::MemoryStore)'s `Drop` to drop quietly.
@@ -1288,7 +1334,7 @@ mod tests {
     /// can fail).
     #[test]
     fn check_invariants_names_what_is_broken() {
-        let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7);
+        let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7, Events::none());
         let now = Instant::now();
         let mut effects = Effects::default();
         let (first, _) =
@@ -1305,7 +1351,7 @@ mod tests {
         assert_eq!(shared.check_invariants(), Ok(()));
 
         let broken = |f: fn(&mut State, Seq, Seq), invariant: &str| {
-            let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7);
+            let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7, Events::none());
             let mut effects = Effects::default();
             let mut state = shared.lock();
             let (a, _) = state.insert(task(Vec::new()), Completion::new(), now, &mut effects);

@@ -14,6 +14,7 @@ use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::{PgStore, rows};
 use crate::sync::{self, Arc};
+use crate::task::{Failure, FailureReason};
 
 /// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
 /// (when the pool stops; for the maintenance thread, once no local handle waits any more).
@@ -229,9 +230,10 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                  run_at = CASE WHEN ended.status = 'ready' THEN tasq_now() ELSE t.run_at END,
                  lease_id = NULL, lease_until = NULL
              FROM ended WHERE t.id = ended.id
-             RETURNING t.id, t.status, t.has_dependents",
+             RETURNING t.id, t.status, t.has_dependents, t.type, t.attempts, t.last_error",
             &[],
         )?;
+        let mut dead = Vec::new();
         let mut ready = false;
         let mut done = Vec::new();
         for row in &rows {
@@ -241,12 +243,26 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                 "ready" => ready = true,
                 _ => cascade_ended(&mut tx, id, status, row.get(2), &mut done)?,
             }
+            if status == "failed" {
+                dead.push((id, row.get::<_, String>(3), row.get::<_, i32>(4), row.get::<_, Option<String>>(5)));
+            }
         }
         if rows.iter().any(|row| row.get::<_, &str>(1) == "failed") {
             enforce_dead_letter_limit(&mut tx, store.max_dead_letters())?;
         }
         notify_changes(&mut tx, ready, &done)?;
         tx.commit()?;
+        // Reported by the process whose reaper ended them: once each.
+        for (id, type_name, attempts, error) in dead {
+            let failure = Failure::new(
+                FailureReason::LeaseExpired,
+                u32::try_from(attempts).unwrap_or(0),
+                error.unwrap_or_default(),
+                None,
+            );
+            let name = store.type_name(&type_name);
+            store.events.dead_letter(store.id(id), name, &failure);
+        }
         Ok(rows.len())
     })
 }

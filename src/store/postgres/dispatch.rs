@@ -225,7 +225,7 @@ impl PgStore {
         };
         // Counted first, as on the embedded store: a waiter that wakes sees its task in the
         // totals.
-        {
+        let type_index = {
             let mut local = self.local.lock();
             match &written {
                 Some(TaskState::Succeeded) => local.totals.succeeded += 1,
@@ -236,6 +236,11 @@ impl PgStore {
             }
             // Dependents its ending cancelled.
             local.totals.cancelled += cascaded;
+            local.running.get(&seq).map(|held| held.type_index)
+        };
+        if let (Some(TaskState::Failed), Ending::Failed(failure)) = (&written, &ending) {
+            let name = type_index.map_or("?", |index| self.registry.entry(index).name);
+            self.events.dead_letter(self.id(seq), name, failure);
         }
         // Published while the task is still `running` here, so that a notification or the
         // poll, which skip such tasks (see `publish_row`), cannot publish a copy decoded from

@@ -53,7 +53,8 @@ use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::registry::Registry;
-use crate::stats::{Stats, TaskInfo, Totals};
+use crate::event::Events;
+use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::memory::Retention;
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
@@ -225,6 +226,8 @@ pub(crate) struct PgStore {
     acks: acks::Acks,
     clock: Clock,
     threads: Mutex<Vec<crate::sync::JoinHandle>>,
+    /// Where dead letters and breaker changes are reported.
+    events: Events,
 }
 
 impl PgStore {
@@ -235,6 +238,7 @@ impl PgStore {
         workers: usize,
         clock: Clock,
         retention: Retention,
+        events: Events,
     ) -> Result<Arc<PgStore>, BuildError> {
         if let Some(entry) = (0..registry.len())
             .map(|i| registry.entry(i))
@@ -315,6 +319,7 @@ impl PgStore {
             acks: acks::Acks::default(),
             clock,
             threads: Mutex::new(Vec::new()),
+            events,
         });
         let sleeper: Weak<PgStore> = Arc::downgrade(&store);
         store.clock.register(sleeper);
@@ -414,6 +419,15 @@ impl PgStore {
     /// The type index of a row's type name, if this pool registered it.
     fn type_index(&self, name: &str) -> Option<u32> {
         self.registry.index_of(name)
+    }
+
+    /// A row's type name as a `&'static str`: the registered name, or (a type another pool
+    /// runs) a leaked copy.
+    fn type_name(&self, name: &str) -> &'static str {
+        match self.type_index(name) {
+            Some(index) => self.registry.entry(index).name,
+            None => leak_name(name.to_owned()),
+        }
     }
 
     /// Wakes the fetcher (a task became ready here, or a slot freed).
@@ -1025,8 +1039,7 @@ impl Store for PgStore {
             })
             .unwrap_or_default();
         let mut stats = Stats::empty(workers, totals);
-        let mut oldest: Option<f64> = None;
-        let mut by_priority: HashMap<u8, usize> = HashMap::new();
+        let mut by_priority: HashMap<u8, (usize, f64)> = HashMap::new();
         for row in rows {
             let n = usize::try_from(row.get::<_, i64>(3)).unwrap_or(0);
             let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
@@ -1035,9 +1048,10 @@ impl Store for PgStore {
                 TaskState::Scheduled => stats.scheduled += n,
                 TaskState::Ready => {
                     stats.ready += n;
-                    *by_priority.entry(priority).or_default() += n;
                     let age: f64 = row.get(4);
-                    oldest = Some(oldest.map_or(age, |o| o.max(age)));
+                    let entry = by_priority.entry(priority).or_insert((0, age));
+                    entry.0 += n;
+                    entry.1 = entry.1.max(age);
                 }
                 TaskState::Running => stats.running += n,
                 _ => {
@@ -1047,11 +1061,50 @@ impl Store for PgStore {
                 }
             }
         }
-        let mut by_priority: Vec<(u8, usize)> = by_priority.into_iter().collect();
+        let mut by_priority: Vec<(u8, (usize, f64))> = by_priority.into_iter().collect();
         by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
-        stats.ready_by_priority = by_priority;
-        stats.oldest_ready = oldest.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        let age = |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
+        stats.ready_by_priority = by_priority.iter().map(|&(p, (n, _))| (p, n)).collect();
+        stats.oldest_ready_by_priority = by_priority.iter().map(|&(p, (_, a))| (p, age(a))).collect();
+        stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
         stats
+    }
+
+    fn type_stats(&self) -> Vec<TypeStats> {
+        let mut types: Vec<TypeStats> = self
+            .registry
+            .entries()
+            .iter()
+            .map(|e| TypeStats::new(e.name))
+            .collect();
+        let rows = self
+            .with_conn(|c| {
+                c.query(
+                    "SELECT type,
+                            count(*) FILTER (WHERE status = 'ready')::BIGINT,
+                            count(*) FILTER (WHERE status = 'running')::BIGINT,
+                            EXTRACT(EPOCH FROM tasq_now() - min(run_at)
+                                FILTER (WHERE status = 'ready'))::FLOAT8
+                     FROM tasq_tasks
+                     WHERE type = ANY($1)
+                       AND (status = 'running' OR (status = 'ready' AND run_at <= tasq_now()))
+                     GROUP BY type",
+                    &[&self.types],
+                )
+            })
+            .unwrap_or_default();
+        for row in rows {
+            let Some(index) = self.type_index(row.get(0)) else {
+                continue;
+            };
+            let t = &mut types[index as usize];
+            t.ready = usize::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+            t.running = usize::try_from(row.get::<_, i64>(2)).unwrap_or(0);
+            t.oldest_ready = row
+                .get::<_, Option<f64>>(3)
+                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default());
+        }
+        types
     }
 
     fn dead_letters(

@@ -18,23 +18,14 @@ pub(crate) fn state_of(status: &str, due: bool) -> TaskState {
 }
 
 pub(crate) fn failure_reason_text(reason: FailureReason) -> &'static str {
-    match reason {
-        FailureReason::Permanent => "permanent",
-        FailureReason::Panicked => "panicked",
-        FailureReason::Exhausted => "exhausted",
-        FailureReason::BadPayload => "bad_payload",
-        FailureReason::LeaseExpired => "lease_expired",
-    }
+    reason.label()
 }
 
 pub(crate) fn failure_reason_of(text: &str) -> FailureReason {
-    match text {
-        "permanent" => FailureReason::Permanent,
-        "panicked" => FailureReason::Panicked,
-        "exhausted" => FailureReason::Exhausted,
-        "lease_expired" => FailureReason::LeaseExpired,
-        _ => FailureReason::BadPayload,
-    }
+    FailureReason::ALL
+        .into_iter()
+        .find(|reason| reason.label() == text)
+        .unwrap_or(FailureReason::BadPayload)
 }
 
 /// A cancel reason as its two columns: the kind, and the task it names.

@@ -1,0 +1,284 @@
+//! What a pool tells its operator: [`Event`]s, delivered to the hooks set with
+//! [`Builder::on_event`](crate::Builder::on_event) on a thread of their own.
+//!
+//! Hooks are user code, so they never run on a worker or under a lock of the pool: whoever
+//! notices an event (a worker ending a task, the monitor, a store) queues it on a channel and
+//! goes on, and one dispatcher thread per pool calls the hooks in order, each inside
+//! `catch_unwind`. A slow hook delays only the events after it; a hook may call back into the
+//! pool (submit, stats, even shutdown). The dispatcher exists only if a hook was set.
+
+use std::fmt;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::alert::{Alert, AlertValue};
+use crate::breaker::BreakerState;
+use crate::sync::{self, Arc, AtomicU64, Condvar, Mutex, Ordering};
+use crate::task::{Failure, FailureReason, TaskId};
+use crate::unwind;
+
+/// Something an operator should hear about, given to the hooks of
+/// [`Builder::on_event`](crate::Builder::on_event).
+///
+/// # Examples
+///
+/// ```
+/// use tasq::{Event, FailureReason, TaskId};
+///
+/// let event = Event::DeadLetter {
+///     id: TaskId::from_parts(1, 7),
+///     task_type: "email",
+///     reason: FailureReason::Exhausted,
+///     attempts: 3,
+///     error: "connection refused".into(),
+/// };
+/// assert_eq!(event.to_string(), "dead letter 1:7 (email, exhausted after 3 attempts): connection refused");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A task ended failed: it is a dead letter. Reported once per dead letter, by the process
+    /// that ended it.
+    DeadLetter {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// Why it failed.
+        reason: FailureReason,
+        /// How many times it ran.
+        attempts: u32,
+        /// The last error's text.
+        error: String,
+    },
+    /// A handler is still running a grace period ([`Builder::stuck_after`]) after its timeout
+    /// fired its token: it ignores the token, and holds its worker until it returns (a thread
+    /// cannot be killed). Reported once per run.
+    ///
+    /// [`Builder::stuck_after`]: crate::Builder::stuck_after
+    Stuck {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// The attempt that is stuck.
+        attempt: u32,
+        /// How long it has run.
+        running_for: Duration,
+    },
+    /// A downstream's circuit breaker changed state.
+    Breaker {
+        /// The downstream's name.
+        downstream: &'static str,
+        /// Its new state.
+        state: BreakerState,
+    },
+    /// A backlog alert reached its threshold.
+    AlertRaised {
+        /// The alert.
+        alert: Alert,
+        /// What it measured.
+        value: AlertValue,
+    },
+    /// A raised alert's measure fell back under its threshold.
+    AlertCleared {
+        /// The alert.
+        alert: Alert,
+        /// What it measured.
+        value: AlertValue,
+    },
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Event::DeadLetter {
+                id,
+                task_type,
+                reason,
+                attempts,
+                error,
+            } => write!(
+                f,
+                "dead letter {id} ({task_type}, {reason} after {attempts} attempt{}): {error}",
+                if *attempts == 1 { "" } else { "s" }
+            ),
+            Event::Stuck {
+                id,
+                task_type,
+                attempt,
+                running_for,
+            } => write!(
+                f,
+                "stuck: task {id} ({task_type}, attempt {attempt}) has run {running_for:?}, past its timeout"
+            ),
+            Event::Breaker { downstream, state } => {
+                write!(f, "circuit breaker of {downstream}: {state}")
+            }
+            Event::AlertRaised { alert, value } => write!(f, "alert raised: {alert} ({value})"),
+            Event::AlertCleared { alert, value } => write!(f, "alert cleared: {alert} ({value})"),
+        }
+    }
+}
+
+/// A hook: called with each event, on the dispatcher thread.
+pub(crate) type Hook = Box<dyn FnMut(&Event) + Send>;
+
+/// How many dead letters ended for each reason, in [`FailureReason::ALL`] order.
+const REASONS: usize = FailureReason::ALL.len();
+
+/// Where the pool's parts send their events: a cheap clone for each part. Also counts the
+/// dead letters by reason, hooks or not (for the metrics).
+#[derive(Clone)]
+pub(crate) struct Events {
+    tx: Option<mpsc::Sender<Message>>,
+    shared: Arc<Shared>,
+}
+
+enum Message {
+    Event(Event),
+    /// The pool shut down or was dropped: drop the hooks and exit.
+    Stop,
+}
+
+struct Shared {
+    /// Events queued for the hooks.
+    sent: AtomicU64,
+    /// Events the hooks have seen; `flushed` waits here.
+    delivered: Mutex<u64>,
+    cv: Condvar,
+    dispatcher: Mutex<Option<sync::ThreadId>>,
+    dead_letters: [AtomicU64; REASONS],
+}
+
+impl Events {
+    /// No hooks: events are counted and dropped.
+    pub(crate) fn none() -> Self {
+        Events {
+            tx: None,
+            shared: Arc::new(Shared {
+                sent: AtomicU64::new(0),
+                delivered: Mutex::new(0),
+                cv: Condvar::new(),
+                dispatcher: Mutex::new(None),
+                dead_letters: Default::default(),
+            }),
+        }
+    }
+
+    /// Starts the dispatcher thread for `hooks` (none if there are none).
+    pub(crate) fn start(hooks: Vec<Hook>, thread_name: &str) -> std::io::Result<Self> {
+        let mut events = Events::none();
+        if hooks.is_empty() {
+            return Ok(events);
+        }
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::clone(&events.shared);
+        let handle = sync::spawn(format!("{thread_name}-events"), None, move || {
+            dispatch(&rx, hooks, &shared);
+        })?;
+        *events.shared.dispatcher.lock() = Some(sync::thread_id(&handle));
+        events.tx = Some(tx);
+        Ok(events)
+    }
+
+    /// Whether anyone listens: a caller may skip building an event's text otherwise.
+    pub(crate) fn listening(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Queues an event for the hooks.
+    pub(crate) fn emit(&self, event: Event) {
+        crate::trace::event(&event);
+        if let Some(tx) = &self.tx {
+            self.shared.sent.fetch_add(1, Ordering::SeqCst);
+            if tx.send(Message::Event(event)).is_err() {
+                // The dispatcher has stopped: nobody will deliver it.
+                self.shared.sent.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A task ended failed.
+    pub(crate) fn dead_letter(&self, id: TaskId, task_type: &'static str, failure: &Failure) {
+        self.shared.dead_letters[failure.reason.index()].fetch_add(1, Ordering::Relaxed);
+        if self.listening() || crate::trace::enabled() {
+            self.emit(Event::DeadLetter {
+                id,
+                task_type,
+                reason: failure.reason,
+                attempts: failure.attempts,
+                error: failure.error.clone(),
+            });
+        }
+    }
+
+    /// Dead letters so far, by reason.
+    pub(crate) fn dead_letters_by_reason(&self) -> Vec<(FailureReason, u64)> {
+        FailureReason::ALL
+            .iter()
+            .map(|&reason| {
+                let n = self.shared.dead_letters[reason.index()].load(Ordering::Relaxed);
+                (reason, n)
+            })
+            .collect()
+    }
+
+    /// Waits until the hooks have seen every event queued so far, unless called from a hook
+    /// (which would wait for itself).
+    pub(crate) fn flush(&self) {
+        if self.tx.is_none() || self.on_dispatcher() {
+            return;
+        }
+        let target = self.shared.sent.load(Ordering::SeqCst);
+        let mut delivered = self.shared.delivered.lock();
+        while *delivered < target && self.shared.dispatcher.lock().is_some() {
+            self.shared.cv.wait(&mut delivered);
+        }
+    }
+
+    /// Stops the dispatcher after the events queued so far: it drops the hooks and exits.
+    /// Events after this are counted, not delivered.
+    pub(crate) fn stop(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Message::Stop);
+        }
+    }
+
+    fn on_dispatcher(&self) -> bool {
+        *self.shared.dispatcher.lock() == Some(sync::current_thread_id())
+    }
+}
+
+/// The dispatcher thread: calls every hook with every event, in order, until stopped or until
+/// every sender is gone.
+fn dispatch(rx: &mpsc::Receiver<Message>, mut hooks: Vec<Hook>, shared: &Shared) {
+    while let Ok(Message::Event(event)) = rx.recv() {
+        for hook in &mut hooks {
+            // A hook's panic is its own: the others still hear of the event, and later events
+            // still come.
+            let _ = unwind::catch(|| hook(&event));
+        }
+        unwind::drop_quietly(event);
+        let mut delivered = shared.delivered.lock();
+        *delivered += 1;
+        shared.cv.notify_all();
+    }
+    // The hooks are user closures; so are their captures' `Drop`s.
+    for hook in hooks {
+        unwind::drop_quietly(hook);
+    }
+    // Waiters in `flush` stop waiting for events nobody will deliver.
+    let _delivered = shared.delivered.lock();
+    *shared.dispatcher.lock() = None;
+    shared.cv.notify_all();
+}
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Events")
+            .field("listening", &self.listening())
+            .field("sent", &self.shared.sent.load(Ordering::Relaxed))
+            .finish()
+    }
+}
