@@ -4,6 +4,8 @@
 //!
 //! Progress goes to stderr, the tables to stdout. `TASQ_REPORT_ONLY=latency,burst` runs only
 //! the workloads named (throughput, latency, delayed, memory, deep_queue, burst, idle).
+//! `TASQ_REPORT_ONLY=limits` runs the one workload not in the default run: tasq's throughput
+//! with a concurrency limit on its type, beside the same pool without one.
 //! `TASQ_REPORT_PROFILE=2` runs only tasq's throughput, with that many workers, on 200,000
 //! tasks: for `valgrind --tool=callgrind` or `perf`.
 
@@ -189,6 +191,12 @@ fn main() {
             run(&mut report);
         }
     }
+    if only
+        .as_deref()
+        .is_some_and(|only| only.split(',').any(|o| o == "limits"))
+    {
+        limits();
+    }
     let elapsed = started.elapsed();
 
     println!();
@@ -231,6 +239,41 @@ fn throughput(report: &mut Report) {
             format!("throughput, {workers} workers (tasks/s)"),
             Unit::Rate,
             values,
+        );
+    }
+}
+
+/// tasq's throughput with a concurrency limit on the task type: one that never binds (the cost
+/// of the check) and one at half the workers (tasks held back and released), beside no limit.
+fn limits() {
+    eprintln!("limits: {THROUGHPUT_TASKS} empty tasks, one producer, median of {THROUGHPUT_REPS}");
+    println!();
+    println!("| workers | no limit | limit = workers (never binds) | limit = workers / 2 |");
+    println!("|---:|---:|---:|---:|");
+    for workers in [2, 64] {
+        let pools = [
+            Pool::new(Kind::Tasq, workers, "tput"),
+            Pool::tasq_limited(workers, workers as u32),
+            Pool::tasq_limited(workers, (workers as u32 / 2).max(1)),
+        ];
+        let rates: Vec<f64> = pools
+            .into_iter()
+            .map(|pool| {
+                common::throughput(&pool, 10_000);
+                let runs = (0..THROUGHPUT_REPS)
+                    .map(|_| common::throughput(&pool, THROUGHPUT_TASKS))
+                    .collect();
+                pool.close();
+                THROUGHPUT_TASKS as f64 / median(runs).as_secs_f64()
+            })
+            .collect();
+        println!(
+            "| {workers} | {:.0}/s | {:.0}/s ({:.2}×) | {:.0}/s ({:.2}×) |",
+            rates[0],
+            rates[1],
+            rates[1] / rates[0],
+            rates[2],
+            rates[2] / rates[0]
         );
     }
 }

@@ -283,7 +283,10 @@ mod tests {
             cell.record(Verdict::Failure, t1, &settings),
             Some(BreakerState::Open)
         );
-        assert_eq!(cell.reopens_at(&settings), Some(t1 + Duration::from_secs(5)));
+        assert_eq!(
+            cell.reopens_at(&settings),
+            Some(t1 + Duration::from_secs(5))
+        );
         // A success resets the count: the threshold needs consecutive failures.
         let mut cell = BreakerCell::new();
         let settings = Breaker::new(2, Duration::from_secs(5));

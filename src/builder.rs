@@ -11,14 +11,14 @@ use crate::context::Context;
 use crate::error::BuildError;
 use crate::event::{Event, Hook};
 use crate::limit::RateLimit;
+use crate::monitor::{Monitor, Watch};
 use crate::pool::Pool;
 use crate::registry::{Entry, Registry};
 use crate::retry::{HandlerError, RetryPolicy};
-use crate::store::memory::{MemoryStore, Retention};
-use crate::task::TaskType;
-use crate::monitor::{Monitor, Watch};
 use crate::store::Store;
+use crate::store::memory::{MemoryStore, Retention};
 use crate::sync::Arc;
+use crate::task::TaskType;
 use crate::worker;
 
 /// Options for one task type, given to [`Builder::register_with`]. Unset options fall back to
@@ -102,7 +102,7 @@ impl TypeOptions {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tasq::{FailureReason, HandlerError, Pool, TaskType, TypeOptions};
+    /// use tasq::{FailureReason, HandlerError, Outcome, Pool, TaskType, TypeOptions};
     ///
     /// const SLOW: TaskType<(), ()> = TaskType::new("slow");
     /// let pool = Pool::builder()
@@ -112,8 +112,10 @@ impl TypeOptions {
     ///         Ok::<_, HandlerError>(())
     ///     })
     ///     .build()?;
-    /// let failure = pool.submit(SLOW.task(()))?.wait().failure().cloned().unwrap();
-    /// assert_eq!(failure.reason, FailureReason::TimedOut);
+    /// match pool.submit(SLOW.task(()))?.wait() {
+    ///     Outcome::Failed(failure) => assert_eq!(failure.reason, FailureReason::TimedOut),
+    ///     other => panic!("{other:?}"),
+    /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -381,8 +383,13 @@ impl Builder<Embedded> {
     /// ```
     pub fn build(self) -> Result<Pool, BuildError> {
         let (registry, threads, mut rest) = self.check(false)?;
-        let monitor = Monitor::new(&mut rest.watch, &registry, rest.clock.clone(), &threads.name)
-            .map_err(BuildError::Spawn)?;
+        let monitor = Monitor::new(
+            &mut rest.watch,
+            &registry,
+            rest.clock.clone(),
+            &threads.name,
+        )
+        .map_err(BuildError::Spawn)?;
         let timed = registry.entries().iter().any(|e| e.timeout.is_some());
         let store = MemoryStore::start(
             registry,
@@ -576,8 +583,13 @@ impl Builder<crate::postgres::Postgres> {
     /// See [`Builder::postgres`].
     pub fn build(self) -> Result<Pool, BuildError> {
         let (registry, threads, mut rest) = self.check(true)?;
-        let monitor = Monitor::new(&mut rest.watch, &registry, rest.clock.clone(), &threads.name)
-            .map_err(BuildError::Spawn)?;
+        let monitor = Monitor::new(
+            &mut rest.watch,
+            &registry,
+            rest.clock.clone(),
+            &threads.name,
+        )
+        .map_err(BuildError::Spawn)?;
         let timed = registry.entries().iter().any(|e| e.timeout.is_some());
         let store = crate::store::postgres::PgStore::start(
             registry,
@@ -645,7 +657,11 @@ impl<S> Builder<S> {
         }
         if let Some(aging) = oversight.aging {
             if aging.every().is_zero() {
-                return Err(invalid("aging", "the pool", "earns a level every zero seconds"));
+                return Err(invalid(
+                    "aging",
+                    "the pool",
+                    "earns a level every zero seconds",
+                ));
             }
             registry.aging = Some(aging);
         }
@@ -698,7 +714,11 @@ impl<S> Builder<S> {
         for alert in &oversight.alerts {
             if let AlertScope::TaskType(name) = alert.scope() {
                 if registry.index_of(name).is_none() {
-                    return Err(invalid("an alert", name, "names a type the pool does not register"));
+                    return Err(invalid(
+                        "an alert",
+                        name,
+                        "names a type the pool does not register",
+                    ));
                 }
             }
         }

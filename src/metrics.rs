@@ -33,8 +33,14 @@ const BUCKET_NANOS: [u64; 14] = [
     60_000_000_000,
 ];
 
-/// One type's counters, updated by the workers without a lock.
+/// How many copies of each type's counters the workers spread over, so that workers on
+/// different cores do not fight over one cache line for every run.
+const SHARDS: usize = 8;
+
+/// One type's counters (one shard of them), updated by the workers without a lock. Aligned to
+/// two cache lines so that neighbouring shards never share one.
 #[derive(Default)]
+#[repr(align(128))]
 struct TypeRuns {
     succeeded: AtomicU64,
     retried: AtomicU64,
@@ -45,27 +51,33 @@ struct TypeRuns {
     sum_nanos: AtomicU64,
 }
 
-/// What the workers count, per task type (by registry index).
+/// What the workers count, per task type (by registry index), in [`SHARDS`] shards.
 pub(crate) struct RunMetrics {
-    types: Vec<TypeRuns>,
+    /// Type `t`'s shard `s` is at `t * SHARDS + s`.
+    shards: Vec<TypeRuns>,
+    types: usize,
 }
 
 impl RunMetrics {
     pub(crate) fn new(types: usize) -> Self {
         RunMetrics {
-            types: (0..types).map(|_| TypeRuns::default()).collect(),
+            shards: (0..types * SHARDS).map(|_| TypeRuns::default()).collect(),
+            types,
         }
     }
 
-    /// Counts one run of type `type_index` that took `took` and ended as `outcome`.
+    /// Counts one run of type `type_index` that took `took` and ended as `outcome`, in the
+    /// shard of worker `worker`.
     pub(crate) fn record(
         &self,
+        worker: usize,
         type_index: u32,
         outcome: &RunOutcome,
         took: Duration,
         timed_out: bool,
     ) {
-        let Some(runs) = self.types.get(type_index as usize) else {
+        let index = type_index as usize * SHARDS + worker % SHARDS;
+        let Some(runs) = self.shards.get(index) else {
             return;
         };
         let counter = match outcome {
@@ -86,20 +98,27 @@ impl RunMetrics {
         runs.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
+    /// Type `type_index`'s counters, its shards added up.
     fn snapshot(&self, type_index: usize) -> (RunCounts, Histogram) {
-        let runs = &self.types[type_index];
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counts = RunCounts {
-            succeeded: load(&runs.succeeded),
-            retried: load(&runs.retried),
-            failed: load(&runs.failed),
-            timed_out: load(&runs.timed_out),
-        };
-        let buckets: Vec<u64> = runs.buckets.iter().map(load).collect();
+        let mut counts = RunCounts::default();
+        let mut buckets = vec![0; BUCKET_NANOS.len() + 1];
+        let mut sum_nanos = 0u64;
+        let shards = self.shards.iter().skip(type_index * SHARDS).take(SHARDS);
+        for runs in shards {
+            counts.succeeded += load(&runs.succeeded);
+            counts.retried += load(&runs.retried);
+            counts.failed += load(&runs.failed);
+            counts.timed_out += load(&runs.timed_out);
+            for (total, bucket) in buckets.iter_mut().zip(&runs.buckets) {
+                *total += load(bucket);
+            }
+            sum_nanos = sum_nanos.saturating_add(load(&runs.sum_nanos));
+        }
         let histogram = Histogram {
             count: buckets.iter().sum(),
             buckets,
-            sum: Duration::from_nanos(load(&runs.sum_nanos)),
+            sum: Duration::from_nanos(sum_nanos),
         };
         (counts, histogram)
     }
@@ -108,7 +127,7 @@ impl RunMetrics {
 impl fmt::Debug for RunMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunMetrics")
-            .field("types", &self.types.len())
+            .field("types", &self.types)
             .finish()
     }
 }
@@ -396,7 +415,11 @@ impl Metrics {
                 &[("type", name)],
                 t.run_time.sum.as_secs_f64(),
             );
-            out.sample("tasq_run_seconds_count", &[("type", name)], t.run_time.count);
+            out.sample(
+                "tasq_run_seconds_count",
+                &[("type", name)],
+                t.run_time.count,
+            );
         }
         out.0
     }
@@ -456,9 +479,9 @@ mod tests {
     fn runs_land_in_their_buckets_and_label_values_are_escaped() {
         let runs = RunMetrics::new(1);
         let ok = RunOutcome::Succeeded(Box::new(()));
-        runs.record(0, &ok, Duration::from_micros(500), false);
-        runs.record(0, &ok, Duration::from_millis(1), false);
-        runs.record(0, &ok, Duration::from_secs(61), true);
+        runs.record(0, 0, &ok, Duration::from_micros(500), false);
+        runs.record(1, 0, &ok, Duration::from_millis(1), false);
+        runs.record(9, 0, &ok, Duration::from_secs(61), true);
         let (counts, histogram) = runs.snapshot(0);
         assert_eq!((counts.succeeded, counts.timed_out), (3, 1));
         assert_eq!(histogram.buckets[0], 2, "bounds are inclusive");

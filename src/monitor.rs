@@ -145,7 +145,10 @@ impl Monitor {
                 stuck: false,
             },
         );
-        let earliest = state.due.peek().is_none_or(|Reverse((first, _))| at < *first);
+        let earliest = state
+            .due
+            .peek()
+            .is_none_or(|Reverse((first, _))| at < *first);
         state.due.push(Reverse((at, key)));
         if earliest {
             self.cv.notify_all();

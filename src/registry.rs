@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::aging::Aging;
 use crate::breaker::Breaker;
 use crate::context::Context;
-use crate::limit::RateLimit;
 use crate::error::SubmitErrorKind;
+use crate::limit::RateLimit;
 use crate::retry::{HandlerError, RetryPolicy};
 use crate::task::TaskType;
 

@@ -45,7 +45,8 @@ pub(crate) fn submitted(id: TaskId, task_type: &'static str, priority: u8) {
 pub(crate) fn run(id: TaskId, task_type: &'static str, attempt: u32) -> RunSpan {
     #[cfg(feature = "tracing")]
     {
-        let span = tracing::debug_span!(target: "tasq", "tasq.run", task_id = %id, task_type, attempt);
+        let span =
+            tracing::debug_span!(target: "tasq", "tasq.run", task_id = %id, task_type, attempt);
         let entered = span.entered();
         tracing::debug!(target: "tasq", "task started");
         RunSpan { _entered: entered }
@@ -98,11 +99,22 @@ pub(crate) fn shutdown(timeout: Duration) {
 pub(crate) fn event(event: &Event) {
     #[cfg(feature = "tracing")]
     match event {
-        Event::DeadLetter { id, task_type, reason, attempts, error } => tracing::warn!(
+        Event::DeadLetter {
+            id,
+            task_type,
+            reason,
+            attempts,
+            error,
+        } => tracing::warn!(
             target: "tasq", task_id = %id, task_type, %reason, attempts, error = error.as_str(),
             "dead letter"
         ),
-        Event::Stuck { id, task_type, attempt, running_for } => tracing::warn!(
+        Event::Stuck {
+            id,
+            task_type,
+            attempt,
+            running_for,
+        } => tracing::warn!(
             target: "tasq", task_id = %id, task_type, attempt, ?running_for,
             "handler stuck past its timeout"
         ),

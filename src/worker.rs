@@ -47,7 +47,7 @@ pub(crate) fn spawn<S: Store + 'static>(
             }
             let _exit = ExitGuard(&*worker_store);
             let mut rng = rng(seed, index);
-            supervise(&worker_store, &monitor, &mut rng);
+            supervise(&worker_store, &monitor, index, &mut rng);
         });
         match spawned {
             Ok(handle) => handles.push(handle),
@@ -118,12 +118,17 @@ impl Drop for Running {
 /// that still escapes is the engine's own bug; the worker does not die of it: the task it held
 /// ends failed (so every wait on it returns), the pool counts the panic in
 /// [`Totals::worker_panics`](crate::Totals::worker_panics), and the worker starts its loop again.
-fn supervise<S: Store + 'static, R: Rng>(store: &Arc<S>, monitor: &Monitor, rng: &mut R) {
+fn supervise<S: Store + 'static, R: Rng>(
+    store: &Arc<S>,
+    monitor: &Monitor,
+    index: usize,
+    rng: &mut R,
+) {
     // What a handler's context reaches its pool through.
     let pool: Arc<dyn Store> = Arc::clone(store) as Arc<dyn Store>;
     let held = Cell::new(None);
     loop {
-        match unwind::catch(|| run(&**store, &pool, monitor, rng, &held)) {
+        match unwind::catch(|| run(&**store, &pool, monitor, index, rng, &held)) {
             Ok(()) => return,
             Err(message) => {
                 let message = format!("the worker running this task panicked: {message}");
@@ -134,11 +139,13 @@ fn supervise<S: Store + 'static, R: Rng>(store: &Arc<S>, monitor: &Monitor, rng:
 }
 
 /// Runs tasks from `store` until it says to stop. `held` names the claimed task at every
-/// moment, for [`supervise`]; `pool` is the same store, for the handlers' contexts.
+/// moment, for [`supervise`]; `pool` is the same store, for the handlers' contexts; `index` is
+/// the worker's (its shard of the run metrics).
 fn run<S: Store, R: Rng>(
     store: &S,
     pool: &Arc<dyn Store>,
     monitor: &Monitor,
+    index: usize,
     rng: &mut R,
     held: &Cell<Option<TaskId>>,
 ) {
@@ -157,9 +164,9 @@ fn run<S: Store, R: Rng>(
             claim.lease,
             pool,
         );
-        let timed = entry
-            .timeout
-            .map(|timeout| monitor.begin(claim.id, entry.name, claim.attempt, &claim.token, timeout));
+        let timed = entry.timeout.map(|timeout| {
+            monitor.begin(claim.id, entry.name, claim.attempt, &claim.token, timeout)
+        });
         let started = Instant::now();
         let outcome = {
             let _running = Running::enter(claim.id);
@@ -173,7 +180,9 @@ fn run<S: Store, R: Rng>(
         } else {
             outcome
         };
-        monitor.runs.record(claim.type_index, &outcome, took, timed_out);
+        monitor
+            .runs
+            .record(index, claim.type_index, &outcome, took, timed_out);
         if let RunOutcome::Retry { delay, error } = &outcome {
             trace::retry(*delay, error);
         }
@@ -228,7 +237,12 @@ fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mu
 /// What a run that outlived its timeout counts as, whatever the handler returned: a retryable
 /// failure, or a dead letter once no attempt is left. A panic stays a panic. What the handler
 /// returned is user code, dropped inside `catch_unwind`.
-fn past_timeout<R: Rng>(outcome: RunOutcome, entry: &Entry, claim: &Claim, rng: &mut R) -> RunOutcome {
+fn past_timeout<R: Rng>(
+    outcome: RunOutcome,
+    entry: &Entry,
+    claim: &Claim,
+    rng: &mut R,
+) -> RunOutcome {
     match outcome {
         RunOutcome::Failed(failure) if failure.reason == FailureReason::Panicked => {
             return RunOutcome::Failed(failure);

@@ -278,6 +278,25 @@ impl Pool {
         }
     }
 
+    /// A tasq pool whose counting tasks run under a concurrency limit of `limit`.
+    pub fn tasq_limited(workers: usize, limit: u32) -> Pool {
+        Pool::Tasq(
+            tasq::Pool::builder()
+                .workers(workers)
+                .thread_name("limited")
+                .register_with(
+                    COUNT,
+                    tasq::TypeOptions::new().concurrency_limit(limit),
+                    |_, _: &()| {
+                        PROBE.count();
+                        Ok::<_, HandlerError>(())
+                    },
+                )
+                .build()
+                .expect("build a tasq pool"),
+        )
+    }
+
     /// Runs `job` on a peer (not tasq: its tasks are typed).
     #[inline]
     fn execute(&self, job: impl FnOnce() + Send + 'static) {
