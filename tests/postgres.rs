@@ -279,7 +279,7 @@ fn migrations_run_once_when_many_callers_race() {
     let Some(db) = TestDb::new() else { return };
     db.client()
         .batch_execute(
-            "DROP TABLE tasq_tasks, tasq_deps, tasq_schema; DROP SEQUENCE tasq_lease;
+            "DROP TABLE tasq_tasks, tasq_deps, tasq_schema, tasq_gates; DROP SEQUENCE tasq_lease;
              DROP FUNCTION tasq_now()",
         )
         .unwrap();

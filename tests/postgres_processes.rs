@@ -9,22 +9,30 @@ mod support_pg;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use postgres::{Client, NoTls};
 use support_pg::TestDb;
-use tasq::{HandlerError, Outcome, Pool, TaskType};
+use tasq::{Breaker, HandlerError, Outcome, Pool, TaskType, TypeOptions};
 
 /// Records (task, lease, worker) in `effects`, then succeeds.
 const EFFECT: TaskType<u64, ()> = TaskType::new("effect");
 /// Records its effect, then holds its worker until the process reads `go`; returns the
 /// worker's tag.
 const HOLD: TaskType<u64, String> = TaskType::new("hold");
+/// Records its effect with how many of its type's rows run at that moment, then succeeds; one
+/// first attempt in four fails instead. At most [`LIMIT`] run at once across the processes, and
+/// it calls the downstream "svc", whose breaker its failures open now and then.
+const LIMITED: TaskType<u64, ()> = TaskType::new("limited");
+/// The concurrency limit of [`LIMITED`].
+const LIMIT: i64 = 3;
 
-const EFFECTS_TABLE: &str =
-    "CREATE TABLE effects (task BIGINT NOT NULL, lease BIGINT NOT NULL, worker TEXT NOT NULL)";
+/// Every run's effect; `running`: for a [`LIMITED`] run, its type's running rows as it started.
+const EFFECTS_TABLE: &str = "CREATE TABLE effects (task BIGINT NOT NULL, lease BIGINT NOT NULL,
+                                                   worker TEXT NOT NULL, running BIGINT)";
 
 // ===== the worker process =====
 
@@ -41,16 +49,36 @@ fn connections() -> &'static Mutex<Vec<Client>> {
 
 /// Inserts this run's effect, on a connection of the process's own.
 fn record(url: &str, tag: &str, task: u64, lease: Option<i64>) -> Result<(), HandlerError> {
+    insert_effect(
+        url,
+        "INSERT INTO effects VALUES ($1, $2, $3)",
+        tag,
+        task,
+        lease,
+    )
+}
+
+/// Inserts the effect of a [`LIMITED`] run, with its type's running rows now (its own counted).
+fn record_limited(url: &str, tag: &str, task: u64, lease: Option<i64>) -> Result<(), HandlerError> {
+    let sql = "INSERT INTO effects SELECT $1, $2, $3, (SELECT count(*) FROM tasq_tasks
+                                                     WHERE type = 'limited' AND status = 'running')";
+    insert_effect(url, sql, tag, task, lease)
+}
+
+fn insert_effect(
+    url: &str,
+    sql: &str,
+    tag: &str,
+    task: u64,
+    lease: Option<i64>,
+) -> Result<(), HandlerError> {
     let spare = connections().lock().unwrap().pop();
     let mut client = match spare {
         Some(client) if !client.is_closed() => client,
         _ => Client::connect(url, NoTls).map_err(HandlerError::retryable)?,
     };
     client
-        .execute(
-            "INSERT INTO effects VALUES ($1, $2, $3)",
-            &[&(task as i64), &lease.unwrap_or(-1), &tag],
-        )
+        .execute(sql, &[&(task as i64), &lease.unwrap_or(-1), &tag])
         .map_err(HandlerError::retryable)?;
     connections().lock().unwrap().push(client);
     Ok(())
@@ -73,6 +101,7 @@ fn worker_process() {
     let lease = Duration::from_millis(env("TASQ_WORKER_LEASE_MS").parse().unwrap());
     let (effect_url, effect_tag) = (url.clone(), tag.clone());
     let (hold_url, hold_tag) = (url.clone(), tag.clone());
+    let (limited_url, limited_tag) = (url.clone(), tag.clone());
     let pool = Pool::builder()
         .postgres(url)
         .workers(workers)
@@ -81,6 +110,25 @@ fn worker_process() {
         // Every row stays: the test counts them at the end.
         .retention(usize::MAX, None)
         .quiet_panics(true)
+        .breaker("svc", Breaker::new(3, Duration::from_millis(100)))
+        .register_with(
+            LIMITED,
+            TypeOptions::new()
+                .concurrency_limit(LIMIT as u32)
+                .downstream("svc")
+                .max_attempts(20),
+            move |ctx, n: &u64| {
+                // (Its payloads are 9, 19, 29, ...: one in four fails.)
+                if (n / 10) % 4 == 0 && ctx.attempt() == 1 {
+                    let error = HandlerError::retryable("svc is flaky");
+                    return Err(error.retry_after(Duration::from_millis(20)));
+                }
+                record_limited(&limited_url, &limited_tag, ctx.id().seq(), ctx.lease_id())?;
+                // Long enough for the runs of several processes to overlap.
+                std::thread::sleep(Duration::from_millis(2));
+                Ok::<_, HandlerError>(())
+            },
+        )
         .register(EFFECT, move |ctx, n: &u64| {
             record(&effect_url, &effect_tag, ctx.id().seq(), ctx.lease_id())?;
             let _ = n;
@@ -225,6 +273,7 @@ fn producer(db: &TestDb) -> Pool {
         .retention(usize::MAX, None)
         .register(EFFECT, |_, _: &u64| Ok::<_, HandlerError>(()))
         .register(HOLD, |_, _: &u64| Ok::<_, HandlerError>(String::new()))
+        .register(LIMITED, |_, _: &u64| Ok::<_, HandlerError>(()))
         .build()
         .unwrap()
 }
@@ -244,7 +293,10 @@ impl Rng {
 /// 6 worker processes with 2 s leases work through the tasks while a random one is killed
 /// with SIGKILL every 1-3 s and restarted. Nothing is lost, nothing unexpected runs, every task
 /// ends succeeded exactly once, and every duplicate effect belongs to a lease that never
-/// completed its task.
+/// completed its task. A tenth of the tasks are of a type limited to 3 running at once across
+/// the processes, whose downstream's breaker its failures open now and then (its probes die with
+/// their processes too): no run, and no look at the rows, ever sees more than 3 of its rows
+/// running.
 #[test]
 fn kill_9_chaos_loses_nothing() {
     let Some(db) = TestDb::new() else { return };
@@ -265,10 +317,46 @@ fn kill_9_chaos_loses_nothing() {
         .collect();
     let producer = producer(&db);
     for chunk in (0..tasks).collect::<Vec<_>>().chunks(5_000) {
+        let limited = |n: &&u64| **n % 10 == 9;
         producer
-            .submit_batch(chunk.iter().map(|&n| EFFECT.task(n)).collect())
+            .submit_batch(
+                chunk
+                    .iter()
+                    .filter(|n| !limited(n))
+                    .map(|&n| EFFECT.task(n))
+                    .collect(),
+            )
+            .unwrap();
+        producer
+            .submit_batch(
+                chunk
+                    .iter()
+                    .filter(limited)
+                    .map(|&n| LIMITED.task(n))
+                    .collect(),
+            )
             .unwrap();
     }
+    // The rows' view of the limit, watched all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, mut client) = (Arc::clone(&stop), db.client());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let running: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM tasq_tasks WHERE type = 'limited' AND status = 'running'",
+                        &[],
+                    )
+                    .unwrap()
+                    .get(0);
+                most = most.max(running);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            most
+        })
+    };
     let mut rng = Rng(seed | 1);
     let mut kills = 0;
     let started = Instant::now();
@@ -299,6 +387,8 @@ fn kill_9_chaos_loses_nothing() {
     for worker in workers {
         let _ = worker.exit();
     }
+    stop.store(true, Ordering::SeqCst);
+    let most_rows = watcher.join().unwrap();
 
     let count =
         |sql: &mut Client, query: &str| -> i64 { sql.query_one(query, &[]).unwrap().get(0) };
@@ -335,11 +425,42 @@ fn kill_9_chaos_loses_nothing() {
         "SELECT count(DISTINCT e.lease) FROM effects e JOIN tasq_tasks t ON t.id = e.task
          WHERE e.lease <> t.lease_id",
     );
+    let most_seen_by_runs = count(
+        &mut sql,
+        "SELECT COALESCE(max(running), 0) FROM effects WHERE running IS NOT NULL",
+    );
+    let limited_retried = count(
+        &mut sql,
+        "SELECT count(*) FROM tasq_tasks WHERE type = 'limited' AND attempts > 1",
+    );
+    // When each type's last task ended, from the first submit: the limited type's tail.
+    let spans: Vec<String> = sql
+        .query(
+            "SELECT type, EXTRACT(EPOCH FROM max(finished_at) - min(created_at))::FLOAT8
+             FROM tasq_tasks GROUP BY type ORDER BY type",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| format!("{} {:.1} s", row.get::<_, &str>(0), row.get::<_, f64>(1)))
+        .collect();
+    let breaker: (String, i32) = {
+        let row = sql
+            .query_one(
+                "SELECT state, consecutive FROM tasq_gates WHERE kind = 'downstream' AND name = 'svc'",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
     println!(
         "chaos: {total} tasks, {kills} kills, {duplicates} duplicate effects under \
          {duplicate_leases} leases that never completed, {lost} lost, {unexpected} unexpected, \
-         {:.1} s",
-        started.elapsed().as_secs_f64()
+         {:.1} s; limited: at most {most_seen_by_runs} running seen by a run and {most_rows} by \
+         the watcher (limit {LIMIT}), {limited_retried} retried, breaker {breaker:?}; last \
+         ending per type: {}",
+        started.elapsed().as_secs_f64(),
+        spans.join(", ")
     );
     assert_eq!(total, tasks as i64);
     assert_eq!(lost, 0, "tasks that did not succeed");
@@ -356,6 +477,12 @@ fn kill_9_chaos_loses_nothing() {
         kills > 0,
         "the run ended before the first kill: too few tasks"
     );
+    assert!(
+        most_seen_by_runs <= LIMIT && most_rows <= LIMIT,
+        "the concurrency limit of {LIMIT} was exceeded: {most_seen_by_runs} seen by a run, \
+         {most_rows} by the watcher"
+    );
+    assert!(most_seen_by_runs >= 1, "no limited task recorded its count");
     producer.shutdown(Duration::from_secs(10));
     drop(db);
 }

@@ -69,6 +69,12 @@ pub struct TestDb {
 impl TestDb {
     /// A fresh schema, or `None` (after a loud message) if no server answers.
     pub fn new() -> Option<TestDb> {
+        TestDb::at_version(tasq::postgres::SCHEMA_VERSION)
+    }
+
+    /// A fresh schema migrated to schema version `version` only (for the tests of upgrades),
+    /// or `None` as [`TestDb::new`].
+    pub fn at_version(version: i32) -> Option<TestDb> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let base = base_url()?;
         let schema = format!(
@@ -84,7 +90,11 @@ impl TestDb {
             .expect("create the test schema");
         // Named after the schema, so a test can find (and terminate) its own connections.
         let url = format!("{base} application_name={schema} options='-c search_path={schema}'");
-        tasq::postgres::migrate(&url).expect("migrate the test schema");
+        if version == tasq::postgres::SCHEMA_VERSION {
+            tasq::postgres::migrate(&url).expect("migrate the test schema");
+        } else {
+            tasq::postgres::testing::migrate_to(&url, version).expect("migrate the test schema");
+        }
         Some(TestDb { url, schema, base })
     }
 

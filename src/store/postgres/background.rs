@@ -1,6 +1,7 @@
 //! The durable store's maintenance thread: it listens on the `tasq` channel, extends the leases
 //! of the tasks its pool runs, fires the tokens of tasks cancelled elsewhere, publishes outcomes
-//! to local handles, returns expired leases (the reaper), and deletes rows past retention.
+//! to local handles, returns expired leases (the reaper), deletes rows past retention, and ages
+//! ready tasks (with `Builder::aging`).
 //!
 //! Notifications are only a shortcut: every one of these duties also runs on a timer, so a lost
 //! notification or a dropped listening connection delays things by at most a poll interval.
@@ -96,6 +97,9 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
             timers.retain = now;
             let _ = retain(store);
         }
+        // Also before each claim: here it keeps the priorities aged while the fetcher waits,
+        // for the processes that claim these types without aging of their own.
+        super::gates::age_if_due(store);
     }
 }
 
@@ -145,7 +149,9 @@ fn handle_words(store: &PgStore, words: &[String]) {
             store.fire_local(id);
         }
     }
-    if ready {
+    // A task that ended elsewhere may free a slot that a concurrency limit or a probe held.
+    let freed = all_ended || !ended.is_empty();
+    if ready || (freed && store.local.lock().held) {
         store.wake_fetcher();
     }
     if all_ended {
@@ -228,6 +234,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                  cancel_reason = CASE WHEN ended.status = 'cancelled' THEN t.cancel_requested END,
                  finished_at = CASE WHEN ended.status <> 'ready' THEN tasq_now() END,
                  run_at = CASE WHEN ended.status = 'ready' THEN tasq_now() ELSE t.run_at END,
+                 priority = COALESCE(t.base_priority, t.priority), base_priority = NULL,
                  lease_id = NULL, lease_until = NULL
              FROM ended WHERE t.id = ended.id
              RETURNING t.id, t.status, t.has_dependents, t.type, t.attempts, t.last_error",
@@ -244,7 +251,12 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                 _ => cascade_ended(&mut tx, id, status, row.get(2), &mut done)?,
             }
             if status == "failed" {
-                dead.push((id, row.get::<_, String>(3), row.get::<_, i32>(4), row.get::<_, Option<String>>(5)));
+                dead.push((
+                    id,
+                    row.get::<_, String>(3),
+                    row.get::<_, i32>(4),
+                    row.get::<_, Option<String>>(5),
+                ));
             }
         }
         if rows.iter().any(|row| row.get::<_, &str>(1) == "failed") {

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -11,6 +11,7 @@ use super::conn::Sql;
 use super::{Insert, PgStore, insert_task, notify, rows};
 use crate::cancel::CancelToken;
 use crate::error::{ResubmitError, SubmitErrorKind};
+use crate::event::Event;
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, Weak};
 use crate::task::{Dependency, Failure, FailureReason, TaskId, TaskState};
@@ -24,8 +25,9 @@ pub(super) enum Ending {
 }
 
 /// The fetcher thread: claims up to as many due tasks as the pool has free slots (workers plus
-/// prefetch), in one statement, whenever it is woken (a notification, a local submit, a freed
-/// worker) or a poll interval passes.
+/// prefetch), in one statement (a pool with gates: one transaction, see `gates.rs`), whenever it
+/// is woken (a notification, a local submit, a freed worker, a manual clock's move), a gate
+/// that held tasks back may have reopened, or a poll interval passes.
 pub(super) fn fetch_loop(store: &Arc<PgStore>) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -39,14 +41,22 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
                     local.wake = false;
                     break local.free;
                 }
-                let deadline = std::time::Instant::now() + store.poll_interval;
-                // Timed: the poll is the fallback for a lost notification.
+                let poll = Instant::now() + store.poll_interval;
+                let deadline = local.gate_wake.map_or(poll, |at| at.min(poll));
+                // Timed: the poll is the fallback for a lost notification, and a bucket's next
+                // token or a breaker's cool-down reopens a gate without any notification.
                 store.fetch_cv.wait_until(&mut local, deadline);
-                if std::time::Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     local.wake = true;
+                    if local.gate_wake.is_some_and(|at| now >= at) {
+                        local.gate_wake = None;
+                    }
                 }
             }
         };
+        // Before the claim, so that it sees the priorities aged to the pool's clock.
+        super::gates::age_if_due(store);
         match claim_batch(store, wanted) {
             Ok(claimed) => {
                 backoff = Duration::from_millis(50);
@@ -90,9 +100,26 @@ pub(crate) const CLAIM: &str = "
 
 /// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
 fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
-    let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
-    let lease_us = rows::micros(store.lease);
-    let rows = store.with_conn(|c| c.query(CLAIM, &[&store.types, &limit, &lease_us]))?;
+    let rows = match &store.gates {
+        None => {
+            let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
+            let lease_us = rows::micros(store.lease);
+            store.with_conn(|c| c.query(CLAIM, &[&store.types, &limit, &lease_us]))?
+        }
+        Some(gates) => {
+            let claim = super::gates::claim(store, gates, wanted)?;
+            // Reported once: this claim's transaction made the change, and it committed.
+            for (downstream, state) in claim.changes {
+                store.events.emit(Event::Breaker { downstream, state });
+            }
+            let manual = store.clock.manual_offset().is_some();
+            let mut local = store.local.lock();
+            local.held = claim.hold.by_running;
+            local.gate_wake = claim.hold.wake_at(manual);
+            drop(local);
+            claim.rows
+        }
+    };
     let mut claimed: Vec<(i16, std::time::SystemTime, Claim)> = Vec::with_capacity(rows.len());
     let mut bad = Vec::new();
     // Every row claimed, as this pool holds it until it ends.
@@ -178,6 +205,11 @@ impl PgStore {
     pub(super) fn complete(&self, claim: Claim, outcome: RunOutcome) {
         let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
         let lease = claim.lease.unwrap_or(0);
+        if let Some(downstream) = self.registry.entry(claim.type_index).downstream {
+            // Before the ending: once the probe's row stops running, its breaker has already
+            // closed or reopened (see `gates.rs`).
+            super::gates::record(self, downstream as usize, seq, lease, outcome.verdict());
+        }
         // The payload is dropped after the outcome is written and published: its `Drop` is user
         // code, and may wait for this very task (as on the embedded store).
         let payload = claim.payload;
@@ -276,7 +308,12 @@ impl PgStore {
         };
         {
             let mut local = self.local.lock();
-            local.running.remove(&seq);
+            // Only this lease's entry: a retry due at once may already have been claimed again
+            // by this pool's fetcher, under a new lease whose entry must stay (its heartbeat,
+            // its cancels, its type).
+            if local.running.get(&seq).is_some_and(|held| held.lease == lease) {
+                local.running.remove(&seq);
+            }
             local.free += 1;
             local.wake = true;
             if local.wants_claim(self.prefetch) {
@@ -308,7 +345,8 @@ impl PgStore {
                 c.execute(
                     "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
                             lease_until = NULL,
-                            run_at = tasq_now() + interval '1 microsecond' * $4::BIGINT
+                            run_at = tasq_now() + interval '1 microsecond' * $4::BIGINT,
+                            priority = COALESCE(base_priority, priority), base_priority = NULL
                      WHERE id = $1 AND lease_id = $2 AND status = 'running'
                        AND cancel_requested IS NULL",
                     &[&seq, &lease, error, &rows::micros(*delay)],
@@ -395,7 +433,8 @@ pub(super) fn write_ending_tx(
         (None, Ending::Retry { delay, error }) => {
             tx.execute(
                 "UPDATE tasq_tasks SET status = 'ready', last_error = $2, lease_id = NULL,
-                        lease_until = NULL, run_at = tasq_now() + interval '1 microsecond' * $3::BIGINT
+                        lease_until = NULL, run_at = tasq_now() + interval '1 microsecond' * $3::BIGINT,
+                        priority = COALESCE(base_priority, priority), base_priority = NULL
                  WHERE id = $1",
                 &[&seq, error, &rows::micros(*delay)],
             )?;
@@ -567,7 +606,8 @@ pub(super) fn revive(
     dependents: bool,
 ) -> Result<Result<Revival, Refusal>, postgres::Error> {
     let Some(row) = tx.query_opt(
-        "SELECT type, payload, priority, key, dead, resubmitted_as, status, run_at <= tasq_now()
+        "SELECT type, payload, COALESCE(base_priority, priority), key, dead, resubmitted_as,
+                status, run_at <= tasq_now()
          FROM tasq_tasks WHERE id = $1 FOR UPDATE",
         &[&seq],
     )?
@@ -632,7 +672,8 @@ pub(super) fn revive(
                  WHERE t.status = 'cancelled'
                    AND t.cancel_reason IN ('dependency_failed', 'dependency_cancelled')
              )
-             SELECT t.id, t.type, t.payload, t.priority, t.key, t.max_attempts,
+             SELECT t.id, t.type, t.payload, COALESCE(t.base_priority, t.priority), t.key,
+                    t.max_attempts,
                     ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1)
              FROM tasq_tasks t JOIN doomed ON t.id = doomed.id
              WHERE t.id <> $1 AND t.resubmitted_as IS NULL AND t.payload IS NOT NULL

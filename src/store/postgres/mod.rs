@@ -9,6 +9,9 @@
 //!   one statement (`FOR UPDATE SKIP LOCKED` in a CTE, so no two claimers share a row and a
 //!   claim of n never takes more than n), giving each a lease: a fencing token from the
 //!   `tasq_lease` sequence and an expiry (`lease_until`), both set from the database's clock.
+//!   A pool whose types have concurrency limits, rate limits or circuit breakers claims in one
+//!   transaction instead, within the allowance of each gate, shared through rows by every
+//!   process; aging raises the priorities of waiting rows in a periodic update (see `gates.rs`).
 //! * A worker runs the handler and writes the outcome with `WHERE id = $1 AND lease_id = $2`:
 //!   if the lease was lost (it expired and another worker took the task over), the write changes
 //!   nothing and the outcome is dropped. Every write about a leased task carries that check.
@@ -21,10 +24,11 @@
 //!
 //! Every time in a lease, a `run_at` or an age comes from the database's clock, never a
 //! client's: leases from `now()`, due times and ages from `tasq_now()`, which is `now()`, or,
-//! for a pool on a [`ManualClock`](crate::ManualClock), the database's time when the pool
-//! started plus how far the clock moved (frozen in between), so tests move a durable pool's
-//! time as they move an embedded one's. Leases stay on real time: they measure whether a
-//! process is alive.
+//! for a pool on a [`ManualClock`](crate::ManualClock), the database's time when that clock was
+//! made plus how far it moved (frozen in between), so tests move a durable pool's time as they
+//! move an embedded one's, and pools that share one manual clock share one `tasq_now()` (their
+//! gates and due times agree). Leases stay on real time: they measure whether a process is
+//! alive.
 //!
 //! # Threads and locks
 //!
@@ -35,6 +39,7 @@ mod acks;
 mod background;
 mod conn;
 mod dispatch;
+mod gates;
 mod rows;
 mod schema;
 
@@ -52,8 +57,8 @@ use crate::clock::Clock;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
-use crate::registry::Registry;
 use crate::event::Events;
+use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::memory::Retention;
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
@@ -136,6 +141,21 @@ pub mod testing {
     /// (see `acks::ACK`).
     pub const ACK: &str = super::acks::ACK;
 
+    /// The gated claim's pick (see `gates::PICK`): `$1` types, `$2` limit, `$3` lease in
+    /// microseconds, `$4` the gated types among `$1`.
+    pub const GATED_PICK: &str = super::gates::PICK;
+
+    /// The aging update (see `gates::AGE`): `$1` types, `$2` ceiling, `$3` microseconds a level.
+    pub const AGE: &str = super::gates::AGE;
+
+    /// Brings the database's tasq tables to schema version `version` (at most
+    /// [`SCHEMA_VERSION`](super::SCHEMA_VERSION)), as [`migrate`](super::migrate) does: for the
+    /// tests of upgrades from an older version.
+    pub fn migrate_to(url: &str, version: i32) -> Result<i32, postgres::Error> {
+        let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+        super::schema::migrate_to(&mut client, version)
+    }
+
     /// Runs the store's claim: up to `limit` ready, due tasks of `types`, each leased for
     /// `lease_us` microseconds. Returns (row id, lease id) of each.
     pub fn claim(
@@ -172,6 +192,12 @@ struct Local {
     live_workers: usize,
     handlers_in_shutdown: usize,
     totals: Totals,
+    /// A gate held tasks back in the last claim and may reopen by itself then (a token, a
+    /// cool-down's end): the fetcher claims again at this real instant.
+    gate_wake: Option<Instant>,
+    /// A running task held tasks back in the last claim (a concurrency limit, a probe): an
+    /// ending in another process (a `done:` notification) wakes the fetcher.
+    held: bool,
 }
 
 impl Local {
@@ -206,7 +232,7 @@ pub(crate) struct PgStore {
     lease: Duration,
     poll_interval: Duration,
     retention: Retention,
-    /// With a manual clock: the database's time when the pool started, in microseconds since
+    /// With a manual clock: the database's time when that clock was made, in microseconds since
     /// the epoch; `tasq_now()` is that plus how far the clock moved.
     manual_base_us: Option<i64>,
     /// Claims held beyond the free workers (see `Builder::prefetch`).
@@ -228,6 +254,10 @@ pub(crate) struct PgStore {
     threads: Mutex<Vec<crate::sync::JoinHandle>>,
     /// Where dead letters and breaker changes are reported.
     events: Events,
+    /// The limits and breakers of the pool's types; `None`: it claims with the plain statement.
+    gates: Option<gates::Gates>,
+    /// When the next aging update is due, on the pool's clock (`None`: at once).
+    next_aging: Mutex<Option<Instant>>,
 }
 
 impl PgStore {
@@ -264,13 +294,7 @@ impl PgStore {
             }
         };
         let manual_base_us = match clock.manual_offset() {
-            Some(offset) => {
-                let now: i64 = client
-                    .query_one("SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::BIGINT", &[])
-                    .map_err(store_error)?
-                    .get(0);
-                Some(now - rows::micros(offset))
-            }
+            Some(offset) => Some(manual_base(&mut client, &clock, offset).map_err(store_error)?),
             None => None,
         };
         drop(client);
@@ -289,6 +313,7 @@ impl PgStore {
         let types = (0..registry.len())
             .map(|i| registry.entry(i).name.to_owned())
             .collect();
+        let gates = gates::Gates::new(&registry);
         let store = Arc::new(PgStore {
             queue: queue as u64,
             registry,
@@ -311,6 +336,8 @@ impl PgStore {
                 live_workers: workers,
                 handlers_in_shutdown: 0,
                 totals: Totals::default(),
+                gate_wake: None,
+                held: false,
             }),
             work_cv: Condvar::new(),
             fetch_cv: Condvar::new(),
@@ -320,7 +347,15 @@ impl PgStore {
             clock,
             threads: Mutex::new(Vec::new()),
             events,
+            gates,
+            next_aging: Mutex::new(None),
         });
+        if let Some(gates) = &store.gates {
+            // The rows every process shares: made by the first pool that uses them.
+            store
+                .with_conn(|c| gates::ensure_rows(c, gates))
+                .map_err(BuildError::Store)?;
+        }
         let sleeper: Weak<PgStore> = Arc::downgrade(&store);
         store.clock.register(sleeper);
         // The fetcher is joined at shutdown. The maintenance thread is not: it outlives the
@@ -735,6 +770,55 @@ fn insert_batch(
     Ok(Ok(inserted))
 }
 
+/// The database's time, in microseconds since the epoch, when the manual clock `clock` (moved
+/// by `offset` so far) was made: the base of `tasq_now()` for the pools on it. Measured once per
+/// clock in a process and kept, so that every pool sharing the clock shares one `tasq_now()`
+/// exactly (their gates and due times agree to the microsecond).
+fn manual_base(
+    client: &mut postgres::Client,
+    clock: &Clock,
+    offset: Duration,
+) -> Result<i64, postgres::Error> {
+    static BASES: std::sync::Mutex<Vec<(Instant, i64)>> = std::sync::Mutex::new(Vec::new());
+    // The real instant the clock was made: its reading less how far it moved (the same for
+    // every clone of it).
+    let made = clock.now().checked_sub(offset);
+    let known = |made: Instant| {
+        let bases = BASES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        bases
+            .iter()
+            .find(|(m, _)| *m == made)
+            .map(|&(_, base)| base)
+    };
+    if let Some(base) = made.and_then(known) {
+        return Ok(base);
+    }
+    let before = Instant::now();
+    let now: i64 = client
+        .query_one(
+            "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT",
+            &[],
+        )?
+        .get(0);
+    let after = Instant::now();
+    let read_at = before + after.duration_since(before) / 2;
+    let Some(made) = made else {
+        return Ok(now - rows::micros(offset));
+    };
+    let mut bases = BASES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Another pool on the clock may have measured it meanwhile: the first measure stands.
+    if let Some(&(_, base)) = bases.iter().find(|(m, _)| *m == made) {
+        return Ok(base);
+    }
+    let base = now - rows::micros(read_at.saturating_duration_since(made));
+    bases.push((made, base));
+    Ok(base)
+}
+
 /// A type name read from the database, as the `&'static str` the error types carry: leaked
 /// once per distinct name (the names seen are kept and reused), so the memory is bounded by the
 /// type names in the database.
@@ -975,7 +1059,8 @@ impl Store for PgStore {
         let row = self
             .with_conn(|c| {
                 c.query_opt(
-                    "SELECT type, status, run_at <= tasq_now(), priority, attempts,
+                    "SELECT type, status, run_at <= tasq_now(), COALESCE(base_priority, priority),
+                            attempts,
                             EXTRACT(EPOCH FROM run_at - tasq_now())::FLOAT8, last_error, resubmitted_as
                      FROM tasq_tasks WHERE id = $1",
                     &[&seq],
@@ -1030,7 +1115,8 @@ impl Store for PgStore {
         let rows = self
             .with_conn(|c| {
                 c.query(
-                    "SELECT status, priority, run_at <= tasq_now(), count(*)::BIGINT,
+                    "SELECT status, COALESCE(base_priority, priority), run_at <= tasq_now(),
+                            count(*)::BIGINT,
                             EXTRACT(EPOCH FROM tasq_now() - min(run_at))::FLOAT8,
                             count(*) FILTER (WHERE dead)::BIGINT
                      FROM tasq_tasks GROUP BY 1, 2, 3",
@@ -1065,8 +1151,12 @@ impl Store for PgStore {
         by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
         let age = |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
         stats.ready_by_priority = by_priority.iter().map(|&(p, (n, _))| (p, n)).collect();
-        stats.oldest_ready_by_priority = by_priority.iter().map(|&(p, (_, a))| (p, age(a))).collect();
+        stats.oldest_ready_by_priority =
+            by_priority.iter().map(|&(p, (_, a))| (p, age(a))).collect();
         stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
+        if !self.registry.downstreams.is_empty() {
+            stats.breakers = gates::breaker_states(self);
+        }
         stats
     }
 
@@ -1124,7 +1214,8 @@ impl Store for PgStore {
         let rows = self
             .with_conn(|c| {
                 c.query(
-                    "SELECT id, type, priority, failure_reason, attempts, last_error,
+                    "SELECT id, type, COALESCE(base_priority, priority), failure_reason, attempts,
+                            last_error,
                             EXTRACT(EPOCH FROM finished_at - tasq_now())::FLOAT8
                      FROM tasq_tasks WHERE dead AND id > $1
                        AND ($2::TEXT IS NULL OR type = $2)
@@ -1215,16 +1306,27 @@ impl Store for PgStore {
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
         self.poll_until(deadline, |store| {
-            store.local.lock().queue.is_empty()
-                && store
-                    .with_conn(|c| {
-                        c.query_one(
-                            "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running'
-                             OR (status = 'ready' AND run_at <= tasq_now()))",
-                            &[],
-                        )
-                    })
-                    .is_ok_and(|row| row.get::<_, bool>(0))
+            if !store.local.lock().queue.is_empty() {
+                return false;
+            }
+            // Ready tasks that a gate holds until the clock moves (an empty bucket, a breaker
+            // cooling down) are not due work, as delayed tasks are not.
+            let held = match &store.gates {
+                Some(gates) => match gates::held_until_later(store, gates) {
+                    Ok(held) => held,
+                    Err(_) => return false,
+                },
+                None => Vec::new(),
+            };
+            store
+                .with_conn(|c| {
+                    c.query_one(
+                        "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running'
+                         OR (status = 'ready' AND run_at <= tasq_now() AND type <> ALL($1)))",
+                        &[&held],
+                    )
+                })
+                .is_ok_and(|row| row.get::<_, bool>(0))
         })
     }
 
@@ -1317,7 +1419,11 @@ impl Store for PgStore {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        dispatch::check_invariants(self)
+        dispatch::check_invariants(self)?;
+        match &self.gates {
+            Some(gates) => gates::check(self, gates),
+            None => Ok(()),
+        }
     }
 
     fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
@@ -1559,7 +1665,8 @@ impl PgStore {
                      cancel_reason = cancel_requested,
                      finished_at = CASE WHEN cancel_requested IS NULL THEN NULL
                                         ELSE tasq_now() END,
-                     lease_id = NULL, lease_until = NULL, attempts = attempts - 1
+                     lease_id = NULL, lease_until = NULL, attempts = attempts - 1,
+                     priority = COALESCE(base_priority, priority), base_priority = NULL
                  WHERE lease_id = ANY($1) AND status = 'running'
                  RETURNING id, status, has_dependents",
                 &[&leases],

@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 1;
+pub(crate) const VERSION: i32 = 2;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 1] = [V1];
+const MIGRATIONS: [&str; 2] = [V1, V2];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -96,8 +96,56 @@ CREATE TABLE tasq_deps (
 CREATE INDEX tasq_deps_dependent ON tasq_deps (dependent);
 ";
 
+/// Version 2: the gates of limits, breakers and aging (see `gates.rs`).
+///
+/// * `base_priority` is a task's own priority while aging has raised `priority` (which the claim
+///   orders by, through `tasq_dequeue`), and NULL otherwise: a row written by version 1, or by
+///   anyone who inserts rows without it, keeps its own priority in `priority`. Readers of the
+///   own priority take `COALESCE(base_priority, priority)`; every return to `ready` restores it.
+///   No backfill: NULL already means "the same as `priority`", so the step rewrites no row.
+/// * `tasq_gates` holds one row per gated task type (`kind = 'type'`: its token bucket, and the
+///   row whose lock serialises the claims of the type across processes) and one per downstream
+///   (`kind = 'downstream'`: its circuit breaker, shared by every process). Rows are made by the
+///   pools that use them and never deleted.
+/// * `tasq_running` makes counting a type's running rows (for its concurrency limit) read only
+///   those rows.
+const V2: &str = "
+ALTER TABLE tasq_tasks ADD COLUMN base_priority SMALLINT;
+
+CREATE INDEX tasq_running ON tasq_tasks (type) WHERE status = 'running';
+
+-- IF NOT EXISTS: a schema whose task tables were dropped by hand (to start over) may keep its
+-- gates; their rows stay valid for a new queue.
+CREATE TABLE IF NOT EXISTS tasq_gates (
+    kind        TEXT NOT NULL CHECK (kind IN ('type', 'downstream')),
+    name        TEXT NOT NULL,
+    -- A type's token bucket: the tokens it held at refilled_at (NULL: never drawn, full).
+    tokens      FLOAT8,
+    refilled_at TIMESTAMPTZ,
+    -- A downstream's breaker, as BreakerCell keeps it; the probe is the task running under
+    -- probe_lease (its row is probe_task): once that row no longer runs under it, the probe
+    -- slot is free.
+    state       TEXT NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'half_open')),
+    consecutive INT NOT NULL DEFAULT 0,
+    opened_at   TIMESTAMPTZ,
+    probe_task  BIGINT,
+    probe_lease BIGINT,
+    PRIMARY KEY (kind, name)
+);
+";
+
 /// Brings the schema to [`VERSION`]; returns the version it found.
 pub(crate) fn migrate(client: &mut impl GenericClient) -> Result<i32, postgres::Error> {
+    migrate_to(client, VERSION)
+}
+
+/// Brings the schema to version `target` (at most [`VERSION`]; an older one only for the tests
+/// of upgrades); returns the version it found.
+pub(crate) fn migrate_to(
+    client: &mut impl GenericClient,
+    target: i32,
+) -> Result<i32, postgres::Error> {
+    let target = target.clamp(1, VERSION);
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
     tx.batch_execute(
@@ -107,7 +155,7 @@ pub(crate) fn migrate(client: &mut impl GenericClient) -> Result<i32, postgres::
          )",
     )?;
     let found = current(&mut tx)?;
-    for (step, sql) in (1..).zip(MIGRATIONS) {
+    for (step, sql) in (1..=target).zip(MIGRATIONS) {
         if found.unwrap_or(0) < step {
             tx.batch_execute(sql)?;
         }
@@ -117,10 +165,10 @@ pub(crate) fn migrate(client: &mut impl GenericClient) -> Result<i32, postgres::
         None => tx.execute(
             "INSERT INTO tasq_schema (version, queue_id)
              VALUES ($1, 1 + (random() * 4.6e18)::BIGINT)",
-            &[&VERSION],
+            &[&target],
         )?,
-        Some(version) if version < VERSION => {
-            tx.execute("UPDATE tasq_schema SET version = $1", &[&VERSION])?
+        Some(version) if version < target => {
+            tx.execute("UPDATE tasq_schema SET version = $1", &[&target])?
         }
         Some(_) => 0,
     };

@@ -1,0 +1,893 @@
+//! Limits, circuit breakers and aging on the durable store, shared by every process on the
+//! database: the gated claim, the breaker's outcomes, and the aging update.
+//!
+//! # Design note: the gates
+//!
+//! A *gate* is what may hold a ready task back: its type's concurrency limit or token bucket, or
+//! its downstream's circuit breaker. Every gate lives in a row of `tasq_gates`, one per gated
+//! type and one per downstream, so that every process on the database sees (and moves) the same
+//! limit and the same breaker. The rules are those of the embedded store (`limit.rs`,
+//! `breaker.rs`), kept in rows:
+//!
+//! * A type's *concurrency limit* counts its rows that are `running`, whoever claimed them
+//!   (claims held for a worker count; so does a row whose lease expired, until the reaper takes it
+//!   back). The count is read under the lock of the type's row, after that lock is taken: a
+//!   claimer that held the lock committed its claim before letting go, so the next one counts it.
+//! * A type's *token bucket* is the row's `tokens` at `refilled_at` (NULL tokens: full), refilled
+//!   at the rate up to the burst on `tasq_now()`, one token per claimed task. `refilled_at` only
+//!   moves forward, so claimers whose clocks differ a little (each transaction reads `now()` as
+//!   it began) never earn the same time twice.
+//! * A downstream's *breaker* is the row's `state`, `consecutive` and `opened_at`, and its probe:
+//!   the task running under `probe_lease`. The probe slot frees itself when that row stops running
+//!   under that lease (its run ended, or its process died and the reaper took it back), so nothing
+//!   has to be written for a run that says nothing about the downstream.
+//!
+//! # The gated claim
+//!
+//! A pool without gates claims in one statement (`dispatch::CLAIM`). A pool with gates claims in
+//! one transaction, in rounds:
+//!
+//! 1. [`PICK`]: the best ready rows of the pool's types not yet excluded, `FOR UPDATE SKIP LOCKED`
+//!    as the plain claim picks them. Rows of ungated types are claimed by the same statement; the
+//!    rows of gated types come back as *candidates*, still locked and still ready.
+//! 2. The gate rows of the candidates' types (and of their downstreams, unless closed) are locked
+//!    ([`LOCK`]) with `SKIP LOCKED`: a gate that another claimer holds lets nothing of its types
+//!    through this time, and the fetcher claims again a moment later. Never waiting for a gate
+//!    row means no deadlock between claimers, whatever order their rounds lock gates in, and a
+//!    claimer that stalls while it holds one (a process stopped mid-claim) holds back only that
+//!    gate's types, never the other pools' whole claims. Then, in a new statement, so that its
+//!    snapshot sees what the last holder of those locks committed, [`READ`] gives the running
+//!    counts, the buckets and the breakers: each gated type's *allowance*.
+//! 3. The candidates are kept in claim order while their type and downstream have allowance; a
+//!    half-open breaker, or an open one past its cool-down, allows one task, the probe. The kept
+//!    rows are claimed, the buckets drawn and the probes recorded, in one statement ([`CLAIM_KEPT`]).
+//! 4. If a candidate was dropped (its type ran out of allowance) and the pick was full, another
+//!    round picks without the exhausted types, so lower-priority work behind them is not left
+//!    unclaimed. Each round excludes at least one more type, so the rounds end.
+//!
+//! Only a claim that *picks* a gated type's task locks that type's gate row, and no claim ever
+//! waits for one. A closed breaker is read, not locked, so healthy traffic does not contend for
+//! its row either; a breaker that opens while a claim reads it closed counts as opened just
+//! after that claim, as on the embedded store.
+//!
+//! # Breaker outcomes
+//!
+//! A worker records its run's verdict before it writes the run's ending, in one statement that
+//! checks the lease is still held and no cancel was asked for (either makes the run say nothing).
+//! A success while closed with no failures counted touches no row (the statement's condition is
+//! false before any lock is taken), so healthy successes never serialise on the row. Recording
+//! first means that when a probe's row stops running, the breaker has already closed or reopened:
+//! no second probe slips into the gap. Every change of state is made by one transaction, whose
+//! process reports it once (`Event::Breaker`) after it commits.
+//!
+//! # Aging
+//!
+//! The claim orders by `priority` through the `tasq_dequeue` index, so aging raises `priority`
+//! itself, in a periodic update ([`AGE`]) run by the fetcher before a claim and by the
+//! maintenance thread, once per `every` on the pool's clock: a due ready row below the ceiling
+//! gets `LEAST(ceiling, own + (tasq_now() - run_at) / every)`, its own priority kept in
+//! `base_priority`. A row is written only when it earns a level (at most `ceiling - own` times),
+//! and every return to `ready` (a retry, a give-back, the reaper) restores its own priority.
+//! Equal effective priorities still run `run_at` first, then by id.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use postgres::Row;
+
+use super::conn::Sql;
+use super::{PgStore, rows};
+use crate::breaker::{Breaker, BreakerState, Verdict};
+use crate::event::Event;
+use crate::limit::RateLimit;
+use crate::registry::Registry;
+
+/// A pick of the best ready rows of the types `$1`, at most `$2`, as the plain claim picks them:
+/// the rows of types not in `$4` (ungated) are claimed at once, leased for `$3` microseconds; the
+/// rows of types in `$4` (gated) come back unclaimed (no lease), still locked by the transaction.
+pub(crate) const PICK: &str = "
+    WITH picked AS (
+        SELECT id, type, priority, run_at FROM tasq_tasks
+        WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
+        ORDER BY priority DESC, run_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE tasq_tasks t
+        SET status = 'running', lease_id = nextval('tasq_lease'),
+            lease_until = now() + interval '1 microsecond' * $3::BIGINT,
+            attempts = t.attempts + 1
+        WHERE t.id = ANY(ARRAY(SELECT id FROM picked WHERE type <> ALL($4)))
+        RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at
+    )
+    SELECT id, type, payload, attempts, lease_id, priority, run_at FROM claimed
+    UNION ALL
+    SELECT id, type, NULL, NULL, NULL, priority, run_at FROM picked WHERE type = ANY($4)";
+
+/// Locks the gate rows of the types `$1` and of the downstreams `$2` that are not closed, passing
+/// over the rows another transaction holds (see the design note).
+const LOCK: &str = "
+    SELECT kind, name FROM tasq_gates
+    WHERE (kind = 'type' AND name = ANY($1))
+       OR (kind = 'downstream' AND name = ANY($2) AND state <> 'closed')
+    ORDER BY kind, name
+    FOR UPDATE SKIP LOCKED";
+
+/// The gates of the types `$1` and the downstreams `$2`: each bucket with the seconds since its
+/// refill, each breaker with the seconds since it opened and whether its probe still runs, and
+/// the running rows of each type in `$3`.
+const READ: &str = "
+    SELECT g.kind, g.name, g.tokens,
+           EXTRACT(EPOCH FROM tasq_now() - g.refilled_at)::FLOAT8,
+           g.state,
+           EXTRACT(EPOCH FROM tasq_now() - g.opened_at)::FLOAT8,
+           EXISTS (SELECT 1 FROM tasq_tasks t WHERE t.id = g.probe_task
+                   AND t.lease_id = g.probe_lease AND t.status = 'running'),
+           CASE WHEN g.kind = 'type' AND g.name = ANY($3) THEN
+               (SELECT count(*) FROM tasq_tasks t
+                WHERE t.status = 'running' AND t.type = g.name)
+           END
+    FROM tasq_gates g
+    WHERE (g.kind = 'type' AND g.name = ANY($1)) OR (g.kind = 'downstream' AND g.name = ANY($2))";
+
+/// Claims the kept rows `$1` (locked by this transaction), leased for `$2` microseconds; sets the
+/// buckets of the types `$3` to the tokens `$4`, and makes each row of `$6` the probe of
+/// downstream `$5` (half-open).
+const CLAIM_KEPT: &str = "
+    WITH claimed AS (
+        UPDATE tasq_tasks t
+        SET status = 'running', lease_id = nextval('tasq_lease'),
+            lease_until = now() + interval '1 microsecond' * $2::BIGINT,
+            attempts = t.attempts + 1
+        WHERE t.id = ANY($1) AND t.status = 'ready'
+        RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at
+    ), buckets AS (
+        UPDATE tasq_gates g
+        SET tokens = b.tokens, refilled_at = GREATEST(g.refilled_at, tasq_now())
+        FROM unnest($3::TEXT[], $4::FLOAT8[]) AS b(name, tokens)
+        WHERE g.kind = 'type' AND g.name = b.name
+        RETURNING g.name
+    ), probes AS (
+        UPDATE tasq_gates g
+        SET state = 'half_open', probe_task = c.id, probe_lease = c.lease_id
+        FROM unnest($5::TEXT[], $6::BIGINT[]) AS p(name, id) JOIN claimed c ON c.id = p.id
+        WHERE g.kind = 'downstream' AND g.name = p.name
+        RETURNING g.name
+    )
+    SELECT id, type, payload, attempts, lease_id, priority, run_at FROM claimed";
+
+/// Makes the gate rows the pool uses, if missing: the types `$1` (a full bucket) and the
+/// downstreams `$2` (closed).
+const ENSURE: &str = "
+    INSERT INTO tasq_gates (kind, name, refilled_at)
+    SELECT 'type', name, tasq_now() FROM unnest($1::TEXT[]) AS name
+    UNION ALL
+    SELECT 'downstream', name, NULL FROM unnest($2::TEXT[]) AS name
+    ON CONFLICT DO NOTHING";
+
+/// A success of downstream `$1` by task `$2` under lease `$3`: closes the breaker and clears its
+/// count, unless it is closed with no failure counted (then it touches nothing, and takes no
+/// lock). Returns the state it was in. (A handler that ended its task in its own transaction,
+/// `Context::succeed_in`, left the row succeeded under its lease.)
+const SUCCEEDED: &str = "
+    WITH old AS (
+        SELECT kind, name, state FROM tasq_gates
+        WHERE kind = 'downstream' AND name = $1 AND (consecutive > 0 OR state <> 'closed')
+          AND EXISTS (SELECT 1 FROM tasq_tasks t WHERE t.id = $2 AND t.lease_id = $3
+                      AND (t.status = 'running' AND t.cancel_requested IS NULL
+                           OR t.status = 'succeeded'))
+        FOR UPDATE
+    )
+    UPDATE tasq_gates g
+    SET state = 'closed', consecutive = 0, opened_at = NULL, probe_task = NULL, probe_lease = NULL
+    FROM old WHERE g.kind = old.kind AND g.name = old.name
+    RETURNING old.state, g.state";
+
+/// A failure of downstream `$1` by task `$2` under lease `$3`: counts it, and opens the breaker
+/// at `$4` consecutive failures while closed, or at once while half-open. Returns the state it
+/// was in and the state it is in. (`old` is read under the row's lock: the latest version.)
+const FAILED: &str = "
+    WITH old AS (
+        SELECT kind, name, state, consecutive,
+               state = 'half_open' OR (state = 'closed' AND consecutive + 1 >= $4) AS opens
+        FROM tasq_gates
+        WHERE kind = 'downstream' AND name = $1
+          AND EXISTS (SELECT 1 FROM tasq_tasks t WHERE t.id = $2 AND t.lease_id = $3
+                      AND t.status = 'running' AND t.cancel_requested IS NULL)
+        FOR UPDATE
+    )
+    UPDATE tasq_gates g
+    SET consecutive = LEAST(old.consecutive, 2147483646) + 1,
+        state = CASE WHEN old.opens THEN 'open' ELSE old.state END,
+        opened_at = CASE WHEN old.opens THEN tasq_now() ELSE g.opened_at END,
+        probe_task = CASE WHEN old.opens THEN NULL ELSE g.probe_task END,
+        probe_lease = CASE WHEN old.opens THEN NULL ELSE g.probe_lease END
+    FROM old WHERE g.kind = old.kind AND g.name = old.name
+    RETURNING old.state, g.state";
+
+/// Aging: raises the due ready rows of the types `$1` below the ceiling `$2` to the level they
+/// earned, one per `$3` microseconds since their `run_at` (at most 5,000 rows a statement). The
+/// rows to change are found through `tasq_dequeue` (`priority < $2`), and only those are locked
+/// (`SKIP LOCKED`: a row a claimer holds is on its way out of `ready`).
+pub(crate) const AGE: &str = "
+    WITH aged AS (
+        SELECT id FROM tasq_tasks
+        WHERE status = 'ready' AND priority < $2::INT AND type = ANY($1)
+          AND run_at <= tasq_now() - interval '1 microsecond' * $3::BIGINT
+          AND LEAST($2::INT, COALESCE(base_priority, priority)
+                  + (EXTRACT(EPOCH FROM tasq_now() - run_at) * 1000000)::BIGINT / $3::BIGINT)
+              > priority
+        LIMIT 5000
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE tasq_tasks t
+    SET base_priority = COALESCE(t.base_priority, t.priority),
+        priority = LEAST($2::INT, COALESCE(t.base_priority, t.priority)
+                   + (EXTRACT(EPOCH FROM tasq_now() - t.run_at) * 1000000)::BIGINT / $3::BIGINT)
+    WHERE t.id = ANY(ARRAY(SELECT id FROM aged))";
+
+/// How long to wait before claiming again when a gate row was busy or missing.
+const SOON: Duration = Duration::from_millis(20);
+
+// ===== the pool's gates =====
+
+/// One registered type's gates.
+#[derive(Clone, Copy, Debug)]
+struct TypeGate {
+    name: &'static str,
+    concurrency: Option<u32>,
+    rate: Option<RateLimit>,
+    /// An index into `Gates::downstreams`.
+    downstream: Option<usize>,
+}
+
+impl TypeGate {
+    /// Whether the type has a row of its own (a limit): its claims serialise on it.
+    fn has_row(&self) -> bool {
+        self.concurrency.is_some() || self.rate.is_some()
+    }
+
+    fn is_gated(&self) -> bool {
+        self.has_row() || self.downstream.is_some()
+    }
+}
+
+/// The gates of one pool, fixed when it is built.
+#[derive(Debug)]
+pub(super) struct Gates {
+    /// By type index.
+    types: Vec<TypeGate>,
+    /// Every breaker the pool set, in registry order.
+    downstreams: Vec<(&'static str, Breaker)>,
+    /// The names of the gated types (the candidates of a pick).
+    gated: Vec<String>,
+}
+
+impl Gates {
+    /// The pool's gates; `None` if it has none (it claims with the plain statement).
+    pub(super) fn new(registry: &Registry) -> Option<Gates> {
+        if !registry.has_gates() {
+            return None;
+        }
+        let types: Vec<TypeGate> = registry
+            .entries()
+            .iter()
+            .map(|entry| TypeGate {
+                name: entry.name,
+                concurrency: entry.concurrency,
+                rate: entry.rate,
+                downstream: entry.downstream.map(|d| d as usize),
+            })
+            .collect();
+        let gated = types
+            .iter()
+            .filter(|t| t.is_gated())
+            .map(|t| t.name.to_owned())
+            .collect();
+        Some(Gates {
+            types,
+            downstreams: registry.downstreams.clone(),
+            gated,
+        })
+    }
+
+    /// The names of the types with rows, and of every downstream.
+    fn row_names(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        let types = self
+            .types
+            .iter()
+            .filter(|t| t.has_row())
+            .map(|t| t.name)
+            .collect();
+        let downstreams = self.downstreams.iter().map(|&(name, _)| name).collect();
+        (types, downstreams)
+    }
+}
+
+/// Makes the gate rows of `gates` that are missing (a bucket starts full).
+pub(super) fn ensure_rows(client: &mut impl Sql, gates: &Gates) -> Result<(), postgres::Error> {
+    let (types, downstreams) = gates.row_names();
+    client.execute(ENSURE, &[&types, &downstreams])?;
+    Ok(())
+}
+
+// ===== the gated claim =====
+
+/// What held tasks back in a claim: when to claim again.
+#[derive(Debug, Default)]
+pub(super) struct Hold {
+    /// A running task holds a slot (a concurrency limit, a probe out): an ending, here or in
+    /// another process, may free it.
+    pub(super) by_running: bool,
+    /// A bucket holds its next token, or a breaker ends its cool-down, this long from now on the
+    /// pool's clock.
+    pub(super) clock_wait: Option<Duration>,
+    /// A gate row was busy or missing: claim again soon (real time).
+    pub(super) soon: bool,
+}
+
+impl Hold {
+    fn wait(&mut self, wait: Duration) {
+        self.clock_wait = Some(self.clock_wait.map_or(wait, |w| w.min(wait)));
+    }
+
+    /// The real instant the fetcher should claim again at, if a gate may reopen by itself.
+    pub(super) fn wake_at(&self, manual_clock: bool) -> Option<Instant> {
+        let now = Instant::now();
+        // On a manual clock, time moves only when the test advances it, which wakes the fetcher.
+        let by_clock = self
+            .clock_wait
+            .filter(|_| !manual_clock)
+            .and_then(|wait| now.checked_add(wait));
+        let soon = self.soon.then(|| now + SOON);
+        match (by_clock, soon) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// A gated claim's result: the claimed rows (as the plain claim returns them), the breaker
+/// changes it made (to report once committed), and what held tasks back.
+pub(super) struct GatedClaim {
+    pub(super) rows: Vec<Row>,
+    pub(super) changes: Vec<(&'static str, BreakerState)>,
+    pub(super) hold: Hold,
+}
+
+/// What a type may still start in this claim.
+#[derive(Debug, Default)]
+struct TypeRoom {
+    /// Its concurrency limit's room (none: no limit).
+    running_room: Option<u64>,
+    /// Its bucket's tokens, refilled (none: no rate limit).
+    tokens: Option<f64>,
+    /// Tokens drawn in this claim.
+    drawn: u32,
+}
+
+impl TypeRoom {
+    fn allowance(&self) -> u64 {
+        let by_tokens = self
+            .tokens
+            .map(|t| ((t - f64::from(self.drawn)) + 1e-9).floor().max(0.0) as u64);
+        match (self.running_room, by_tokens) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// What a downstream's breaker lets start in this claim.
+#[derive(Debug)]
+enum Pass {
+    /// Closed: anything.
+    Open,
+    /// One probe; `true` if taking it moves the breaker from open to half-open.
+    Probe(bool),
+    /// Nothing, until `Hold` says.
+    Shut,
+}
+
+/// The allowances read so far in one claim.
+struct Allowances<'a> {
+    gates: &'a Gates,
+    /// Types whose gates were read, with their room.
+    rooms: HashMap<u32, TypeRoom>,
+    /// Downstreams whose breakers were read.
+    passes: HashMap<usize, Pass>,
+    /// Types not to pick again in this claim.
+    excluded: HashSet<u32>,
+    /// Probes taken: downstream, row id, from open.
+    probes: Vec<(usize, i64, bool)>,
+    hold: Hold,
+}
+
+impl<'a> Allowances<'a> {
+    fn new(gates: &'a Gates) -> Self {
+        Allowances {
+            gates,
+            rooms: HashMap::new(),
+            passes: HashMap::new(),
+            excluded: HashSet::new(),
+            probes: Vec::new(),
+            hold: Hold::default(),
+        }
+    }
+
+    /// Locks and reads the gates of `types` not read yet.
+    fn read(&mut self, tx: &mut impl Sql, types: &[u32]) -> Result<(), postgres::Error> {
+        let gates = self.gates;
+        let mut type_names: Vec<&'static str> = Vec::new();
+        let mut counted: Vec<&'static str> = Vec::new();
+        let mut downstreams: Vec<usize> = Vec::new();
+        for &index in types {
+            if self.rooms.contains_key(&index) {
+                continue;
+            }
+            let gate = gates.types[index as usize];
+            if gate.has_row() {
+                type_names.push(gate.name);
+            }
+            if gate.concurrency.is_some() {
+                counted.push(gate.name);
+            }
+            if let Some(d) = gate.downstream {
+                if !self.passes.contains_key(&d) && !downstreams.contains(&d) {
+                    downstreams.push(d);
+                }
+            }
+        }
+        let ds_names: Vec<&'static str> = downstreams
+            .iter()
+            .map(|&d| gates.downstreams[d].0)
+            .collect();
+        let locked: HashSet<(String, String)> = if type_names.is_empty() && ds_names.is_empty() {
+            HashSet::new()
+        } else {
+            tx.query(LOCK, &[&type_names, &ds_names])?
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect()
+        };
+        let read = if type_names.is_empty() && ds_names.is_empty() {
+            Vec::new()
+        } else {
+            tx.query(READ, &[&type_names, &ds_names, &counted])?
+        };
+        let mut found: HashMap<(String, String), &Row> = HashMap::new();
+        for row in &read {
+            found.insert((row.get(0), row.get(1)), row);
+        }
+        let mut missing = false;
+        for &index in types {
+            if self.rooms.contains_key(&index) {
+                continue;
+            }
+            let gate = gates.types[index as usize];
+            let mut room = TypeRoom::default();
+            if gate.has_row() {
+                let key = ("type".to_owned(), gate.name.to_owned());
+                match (found.get(&key), locked.contains(&key)) {
+                    (Some(row), true) => {
+                        if let Some(limit) = gate.concurrency {
+                            let running: i64 = row.get::<_, Option<i64>>(7).unwrap_or(0);
+                            let running = u64::try_from(running).unwrap_or(0);
+                            room.running_room = Some(u64::from(limit).saturating_sub(running));
+                        }
+                        if let Some(rate) = gate.rate {
+                            room.tokens = Some(refilled(row, &rate));
+                        }
+                    }
+                    (found_row, _) => {
+                        // Busy or missing: nothing of this type this time.
+                        missing |= found_row.is_none();
+                        self.hold.soon = true;
+                        room.running_room = Some(0);
+                    }
+                }
+            }
+            self.rooms.insert(index, room);
+        }
+        for d in downstreams {
+            let (name, breaker) = gates.downstreams[d];
+            let key = ("downstream".to_owned(), name.to_owned());
+            let pass = match found.get(&key) {
+                // No row yet: closed (the row is made below).
+                None => {
+                    missing = true;
+                    Pass::Open
+                }
+                Some(row) => self.pass(row, &breaker, locked.contains(&key)),
+            };
+            self.passes.insert(d, pass);
+        }
+        if missing {
+            let (types, downstreams) = gates.row_names();
+            tx.execute(ENSURE, &[&types, &downstreams])?;
+        }
+        Ok(())
+    }
+
+    /// What breaker row `row` lets through (locked: this transaction holds its lock).
+    fn pass(&mut self, row: &Row, breaker: &Breaker, locked: bool) -> Pass {
+        let state = BreakerState::parse(row.get(4));
+        if state == BreakerState::Closed {
+            return Pass::Open;
+        }
+        if !locked {
+            // Another claimer holds it (or it changed since the lock): next time.
+            self.hold.soon = true;
+            return Pass::Shut;
+        }
+        match state {
+            BreakerState::Open => {
+                // No time recorded: as if it opened long ago.
+                let since = row.get::<_, Option<f64>>(5).unwrap_or(f64::INFINITY);
+                let cool_down = breaker.cool_down().as_secs_f64();
+                if since >= cool_down {
+                    Pass::Probe(true)
+                } else {
+                    let left = Duration::try_from_secs_f64(cool_down - since).unwrap_or_default();
+                    self.hold.wait(left + Duration::from_micros(1));
+                    Pass::Shut
+                }
+            }
+            _ if row.get::<_, bool>(6) => {
+                // Half-open, its probe still running: its ending frees the slot.
+                self.hold.by_running = true;
+                Pass::Shut
+            }
+            _ => Pass::Probe(false),
+        }
+    }
+
+    /// Whether candidate `id` of type `index` may start; if so, it has (its allowances are
+    /// drawn). A type that runs out is excluded from later picks.
+    fn take(&mut self, index: u32, id: i64) -> bool {
+        if self.excluded.contains(&index) {
+            return false;
+        }
+        let gate = self.gates.types[index as usize];
+        let room = self.rooms.get(&index).map_or(u64::MAX, TypeRoom::allowance);
+        let pass = gate
+            .downstream
+            .map(|d| (d, self.passes.get(&d).unwrap_or(&Pass::Open)));
+        if room == 0 || matches!(pass, Some((_, Pass::Shut))) {
+            self.note_held(index);
+            self.exclude(index);
+            return false;
+        }
+        if let Some(room) = self.rooms.get_mut(&index) {
+            if let Some(r) = room.running_room.as_mut() {
+                *r -= 1;
+            }
+            if room.tokens.is_some() {
+                room.drawn += 1;
+            }
+        }
+        if let Some((d, &Pass::Probe(from_open))) = pass {
+            self.probes.push((d, id, from_open));
+            self.passes.insert(d, Pass::Shut);
+            // The probe holds the slot until it ends.
+            self.hold.by_running = true;
+        }
+        // Run out: not picked again in this claim (the fetcher hears why).
+        let room = self.rooms.get(&index).map_or(u64::MAX, TypeRoom::allowance);
+        let shut = gate
+            .downstream
+            .is_some_and(|d| matches!(self.passes.get(&d), Some(Pass::Shut)));
+        if room == 0 || shut {
+            self.note_held(index);
+            self.exclude(index);
+        }
+        true
+    }
+
+    /// Records why type `index` holds a task back, for the fetcher's next wake-up (a breaker's
+    /// reason was noted when it was read).
+    fn note_held(&mut self, index: u32) {
+        let gate = self.gates.types[index as usize];
+        let Some(room) = self.rooms.get(&index) else {
+            return;
+        };
+        if room.running_room == Some(0) && gate.concurrency.is_some() {
+            self.hold.by_running = true;
+        }
+        if let (Some(tokens), Some(rate)) = (room.tokens, gate.rate) {
+            let left = tokens - f64::from(room.drawn);
+            if left < 1.0 - 1e-9 {
+                let wait = (1.0 - left) / rate.starts_per_second();
+                let wait = Duration::try_from_secs_f64(wait).unwrap_or(Duration::MAX);
+                self.hold
+                    .wait(wait.saturating_add(Duration::from_micros(1)));
+            }
+        }
+    }
+
+    /// Excludes `index` from later picks, with every type of its downstream if the breaker
+    /// lets nothing more through.
+    fn exclude(&mut self, index: u32) {
+        self.excluded.insert(index);
+        if let Some(d) = self.gates.types[index as usize].downstream {
+            if matches!(self.passes.get(&d), Some(Pass::Shut)) {
+                for (i, t) in self.gates.types.iter().enumerate() {
+                    if t.downstream == Some(d) {
+                        self.excluded.insert(i as u32);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The buckets drawn in this round, to write: names and tokens left.
+    fn buckets(&self) -> (Vec<&'static str>, Vec<f64>) {
+        let mut names = Vec::new();
+        let mut tokens = Vec::new();
+        for (&index, room) in &self.rooms {
+            if let (Some(t), true) = (room.tokens, room.drawn > 0) {
+                names.push(self.gates.types[index as usize].name);
+                tokens.push((t - f64::from(room.drawn)).max(0.0));
+            }
+        }
+        (names, tokens)
+    }
+}
+
+/// A bucket's tokens now: `tokens` at `refilled_at` (NULL: full), refilled at the rate up to the
+/// burst.
+fn refilled(row: &Row, rate: &RateLimit) -> f64 {
+    let burst = f64::from(rate.burst());
+    let Some(tokens) = row.get::<_, Option<f64>>(2) else {
+        return burst;
+    };
+    let since = row.get::<_, Option<f64>>(3).unwrap_or(0.0).max(0.0);
+    (tokens + since * rate.starts_per_second()).min(burst)
+}
+
+/// Claims up to `wanted` rows for a pool with gates, in one transaction (see the design note).
+pub(super) fn claim(store: &PgStore, gates: &Gates, wanted: usize) -> Result<GatedClaim, String> {
+    let lease_us = rows::micros(store.lease);
+    store.with_conn(|c| {
+        let mut tx = c.transaction()?;
+        let mut allow = Allowances::new(gates);
+        let mut claimed: Vec<Row> = Vec::new();
+        loop {
+            let want = wanted.saturating_sub(claimed.len());
+            let types: Vec<&str> = store
+                .types
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !allow.excluded.contains(&(*i as u32)))
+                .map(|(_, name)| name.as_str())
+                .collect();
+            if want == 0 || types.is_empty() {
+                break;
+            }
+            let limit = i64::try_from(want).unwrap_or(i64::MAX);
+            let picked = tx.query(PICK, &[&types, &limit, &lease_us, &gates.gated])?;
+            let full = picked.len() == want;
+            let mut candidates: Vec<(i16, std::time::SystemTime, i64, u32)> = Vec::new();
+            for row in picked {
+                if row.get::<_, Option<i64>>(4).is_some() {
+                    claimed.push(row);
+                    continue;
+                }
+                // Always found: the pick takes only this pool's types.
+                if let Some(index) = store.type_index(row.get(1)) {
+                    candidates.push((row.get(5), row.get(6), row.get(0), index));
+                }
+            }
+            if candidates.is_empty() {
+                break;
+            }
+            // The claim's order (the statement returns its rows in any order).
+            candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            let mut types: Vec<u32> = candidates.iter().map(|c| c.3).collect();
+            types.sort_unstable();
+            types.dedup();
+            allow.read(&mut tx, &types)?;
+            let probes_before = allow.probes.len();
+            let mut kept = Vec::new();
+            let mut dropped = false;
+            for &(_, _, id, index) in &candidates {
+                if allow.take(index, id) {
+                    kept.push(id);
+                } else {
+                    dropped = true;
+                }
+            }
+            if !kept.is_empty() {
+                let (bucket_names, bucket_tokens) = allow.buckets();
+                let new_probes = &allow.probes[probes_before..];
+                let probe_names: Vec<&str> = new_probes
+                    .iter()
+                    .map(|&(d, _, _)| gates.downstreams[d].0)
+                    .collect();
+                let probe_ids: Vec<i64> = new_probes.iter().map(|&(_, id, _)| id).collect();
+                claimed.extend(tx.query(
+                    CLAIM_KEPT,
+                    &[
+                        &kept,
+                        &lease_us,
+                        &bucket_names,
+                        &bucket_tokens,
+                        &probe_names,
+                        &probe_ids,
+                    ],
+                )?);
+            }
+            if !dropped || !full {
+                break;
+            }
+        }
+        tx.commit()?;
+        let changes = allow
+            .probes
+            .iter()
+            .filter(|&&(_, _, from_open)| from_open)
+            .map(|&(d, _, _)| (gates.downstreams[d].0, BreakerState::HalfOpen))
+            .collect();
+        Ok(GatedClaim {
+            rows: claimed,
+            changes,
+            hold: std::mem::take(&mut allow.hold),
+        })
+    })
+}
+
+// ===== breaker outcomes =====
+
+/// Records what a run of task `seq`, leased as `lease`, says about downstream `downstream` (a
+/// registry index), before its ending is written; reports a change of state. A run whose lease
+/// is lost or whose cancel was asked for says nothing; so does a `Neither` run, whose probe slot
+/// (if it was the probe) frees itself once its row stops running.
+pub(super) fn record(store: &PgStore, downstream: usize, seq: i64, lease: i64, verdict: Verdict) {
+    let Some(&(name, breaker)) = store.registry.downstreams.get(downstream) else {
+        return;
+    };
+    let threshold = i32::try_from(breaker.failures()).unwrap_or(i32::MAX);
+    let rows = match verdict {
+        Verdict::Neither => return,
+        Verdict::Success => store.with_conn(|c| c.query(SUCCEEDED, &[&name, &seq, &lease])),
+        Verdict::Failure => {
+            store.with_conn(|c| c.query(FAILED, &[&name, &seq, &lease, &threshold]))
+        }
+    };
+    // A failed write loses one outcome at worst: the breaker stays as it was.
+    let Ok(rows) = rows else {
+        return;
+    };
+    for row in rows {
+        let (before, after): (&str, &str) = (row.get(0), row.get(1));
+        if before != after {
+            store.events.emit(Event::Breaker {
+                downstream: name,
+                state: BreakerState::parse(after),
+            });
+        }
+    }
+}
+
+/// Each breaker of the pool as its row says now, in registry order (no row yet: closed).
+pub(super) fn breaker_states(store: &PgStore) -> Vec<(&'static str, BreakerState)> {
+    let names: Vec<&'static str> = store
+        .registry
+        .downstreams
+        .iter()
+        .map(|&(name, _)| name)
+        .collect();
+    let rows = store
+        .with_conn(|c| {
+            c.query(
+                "SELECT name, state FROM tasq_gates WHERE kind = 'downstream' AND name = ANY($1)",
+                &[&names],
+            )
+        })
+        .unwrap_or_default();
+    let states: HashMap<&str, BreakerState> = rows
+        .iter()
+        .map(|row| (row.get(0), BreakerState::parse(row.get(1))))
+        .collect();
+    names
+        .iter()
+        .map(|&name| {
+            (
+                name,
+                states.get(name).copied().unwrap_or(BreakerState::Closed),
+            )
+        })
+        .collect()
+}
+
+/// The types of the pool whose ready tasks cannot start until the clock moves: an empty
+/// bucket, a breaker open and cooling down. (A concurrency limit or a probe holds tasks back
+/// only while others run.) For `wait_idle`.
+pub(super) fn held_until_later(store: &PgStore, gates: &Gates) -> Result<Vec<String>, String> {
+    let (types, downstreams) = gates.row_names();
+    let rows = store.with_conn(|c| c.query(READ, &[&types, &downstreams, &Vec::<&str>::new()]))?;
+    let mut held = Vec::new();
+    for row in &rows {
+        let kind: &str = row.get(0);
+        let name: &str = row.get(1);
+        if kind == "type" {
+            let Some(gate) = gates.types.iter().find(|t| t.name == name) else {
+                continue;
+            };
+            if let Some(rate) = gate.rate {
+                if refilled(row, &rate) < 1.0 - 1e-9 {
+                    held.push(name.to_owned());
+                }
+            }
+        } else if let Some(d) = gates.downstreams.iter().position(|&(n, _)| n == name) {
+            let cool_down = gates.downstreams[d].1.cool_down().as_secs_f64();
+            let open = BreakerState::parse(row.get(4)) == BreakerState::Open
+                && row.get::<_, Option<f64>>(5).unwrap_or(f64::INFINITY) < cool_down;
+            if open {
+                held.extend(
+                    gates
+                        .types
+                        .iter()
+                        .filter(|t| t.downstream == Some(d))
+                        .map(|t| t.name.to_owned()),
+                );
+            }
+        }
+    }
+    Ok(held)
+}
+
+/// The pool's concurrency limits hold over the rows (for `check_invariants`).
+pub(super) fn check(store: &PgStore, gates: &Gates) -> Result<(), String> {
+    for gate in &gates.types {
+        let Some(limit) = gate.concurrency else {
+            continue;
+        };
+        let running: i64 = store
+            .with_conn(|c| {
+                c.query_one(
+                    "SELECT count(*) FROM tasq_tasks WHERE status = 'running' AND type = $1",
+                    &[&gate.name],
+                )
+            })?
+            .get(0);
+        if running > i64::from(limit) {
+            return Err(format!(
+                "invariant broken: {running} tasks of {} run at once, over its limit of {limit}",
+                gate.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ===== aging =====
+
+/// Runs the aging update if one `every` of the pool's clock has passed since the last (see the
+/// design note); called by the fetcher before a claim and by the maintenance thread.
+pub(super) fn age_if_due(store: &PgStore) {
+    let Some(aging) = store.registry.aging else {
+        return;
+    };
+    let now = store.clock.now();
+    {
+        let mut next = store.next_aging.lock();
+        if next.is_some_and(|at| now < at) {
+            return;
+        }
+        *next = Some(now.checked_add(aging.every()).unwrap_or(now));
+    }
+    let ceiling = i32::from(aging.ceiling());
+    let every_us = rows::micros(aging.every()).max(1);
+    loop {
+        match store.with_conn(|c| c.execute(AGE, &[&store.types, &ceiling, &every_us])) {
+            Ok(n) if n < 5000 => return,
+            Ok(_) => {}
+            Err(_) => {
+                // Tried again at the next claim or maintenance step.
+                *store.next_aging.lock() = None;
+                return;
+            }
+        }
+    }
+}
