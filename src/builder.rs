@@ -95,7 +95,7 @@ impl TypeOptions {
     ///
     /// A thread cannot be killed: a handler that ignores its token keeps its worker until it
     /// returns. One still running [`Builder::stuck_after`] past its timeout is reported as stuck
-    /// ([`Event::Stuck`](crate::Event::Stuck), [`Stats::stuck`](crate::Stats::stuck)). Zero makes
+    /// ([`Event::Stuck`], [`Stats::stuck`](crate::Stats::stuck)). Zero makes
     /// the build fail with [`BuildError::InvalidSetting`]. Defaults to no timeout.
     ///
     /// # Examples

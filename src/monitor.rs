@@ -111,8 +111,15 @@ impl Monitor {
         }
         let monitor = Arc::clone(self);
         let alerts = Alerts::new(alerts);
+        // The first check is an interval after the build, on the building thread's reading of
+        // the clock: read on the new thread, a manual clock could already have moved.
+        let first_check = if alerts.is_empty() {
+            None
+        } else {
+            self.clock.now().checked_add(self.interval)
+        };
         let handle = sync::spawn(format!("{thread_name}-monitor"), None, move || {
-            monitor.run(&store, alerts);
+            monitor.run(&store, alerts, first_check);
         })?;
         *self.thread.lock() = Some(handle);
         Ok(())
@@ -192,13 +199,10 @@ impl Monitor {
     }
 
     /// The thread's body: see the module docs.
-    fn run(&self, store: &Weak<dyn Store>, mut alerts: Alerts) {
-        let mut next_check = if alerts.is_empty() {
-            None
-        } else {
-            self.clock.now().checked_add(self.interval)
-        };
+    fn run(&self, store: &Weak<dyn Store>, mut alerts: Alerts, first_check: Option<Instant>) {
+        let mut next_check = first_check;
         let mut events = Vec::new();
+        let mut fired = Vec::new();
         loop {
             {
                 let mut state = self.state.lock();
@@ -207,8 +211,11 @@ impl Monitor {
                         return;
                     }
                     let now = self.clock.now();
-                    let next_due = state.fire_due(now, self.stuck_after, &mut events);
-                    if !events.is_empty() || next_check.is_some_and(|at| now >= at) {
+                    let next_due = state.fire_due(now, self.stuck_after, &mut fired, &mut events);
+                    if !events.is_empty()
+                        || !fired.is_empty()
+                        || next_check.is_some_and(|at| now >= at)
+                    {
                         break;
                     }
                     let deadline = match (next_due, next_check) {
@@ -217,6 +224,11 @@ impl Monitor {
                     };
                     self.clock.wait_until(&self.cv, &mut state, deadline);
                 }
+            }
+            // A `tracing` subscriber is user code: told outside the lock (it may call
+            // `Pool::stats`, which takes it).
+            for (id, timeout) in fired.drain(..) {
+                trace::timed_out(id, timeout);
             }
             for event in events.drain(..) {
                 self.events.emit(event);
@@ -247,12 +259,14 @@ impl Monitor {
 }
 
 impl State {
-    /// Fires the tokens of runs past their timeout and reports those past their grace as
-    /// stuck; returns when the next run needs a look.
+    /// Fires the tokens of runs past their timeout (listed in `fired`, to trace once the lock
+    /// is released) and reports those past their grace as stuck; returns when the next run
+    /// needs a look.
     fn fire_due(
         &mut self,
         now: Instant,
         stuck_after: Duration,
+        fired: &mut Vec<(TaskId, Duration)>,
         events: &mut Vec<Event>,
     ) -> Option<Instant> {
         while let Some(&Reverse((at, key))) = self.due.peek() {
@@ -266,7 +280,7 @@ impl State {
             if !run.fired {
                 run.fired = true;
                 run.token.cancel();
-                trace::timed_out(run.id, run.timeout);
+                fired.push((run.id, run.timeout));
                 let grace_end = run
                     .started
                     .checked_add(run.timeout.saturating_add(stuck_after))
