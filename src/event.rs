@@ -34,7 +34,10 @@ use crate::unwind;
 ///     attempts: 3,
 ///     error: "connection refused".into(),
 /// };
-/// assert_eq!(event.to_string(), "dead letter 1:7 (email, exhausted after 3 attempts): connection refused");
+/// assert_eq!(
+///     event.to_string(),
+///     "task 1:7 is a dead letter (email, exhausted after 3 attempts): connection refused"
+/// );
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -102,7 +105,7 @@ impl fmt::Display for Event {
                 error,
             } => write!(
                 f,
-                "dead letter {id} ({task_type}, {reason} after {attempts} attempt{}): {error}",
+                "{id} is a dead letter ({task_type}, {reason} after {attempts} attempt{}): {error}",
                 if *attempts == 1 { "" } else { "s" }
             ),
             Event::Stuck {
@@ -112,7 +115,7 @@ impl fmt::Display for Event {
                 running_for,
             } => write!(
                 f,
-                "stuck: task {id} ({task_type}, attempt {attempt}) has run {running_for:?}, past its timeout"
+                "{id} is stuck ({task_type}, attempt {attempt}): it has run {running_for:?}, past its timeout"
             ),
             Event::Breaker { downstream, state } => {
                 write!(f, "circuit breaker of {downstream}: {state}")

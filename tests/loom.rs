@@ -13,8 +13,8 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
 use tasq::{
-    CancelOutcome, CancelReason, HandlerError, ManualClock, Outcome, Pool, RetryPolicy,
-    SubmitErrorKind, TaskState, TaskType,
+    CancelOutcome, CancelReason, HandlerError, ManualClock, Outcome, Pool, RateLimit, RetryPolicy,
+    SubmitErrorKind, TaskState, TaskType, TypeOptions,
 };
 
 const JOB: TaskType<u32, u32> = TaskType::new("job");
@@ -386,6 +386,62 @@ fn waits_for_the_pool_return_once_the_work_is_done() {
         pool.wait_empty(None).unwrap();
         assert!(third.is_finished());
         assert_eq!(runs.load(Ordering::SeqCst), 3);
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 13. A task held by a rate limit while the worker goes to sleep: the manual clock reaching its
+/// token wakes a worker for it (the gate's time is a due time of the timer).
+#[test]
+fn a_task_held_by_a_rate_limit_starts_when_its_token_comes() {
+    model(|| {
+        const RATED: TaskType<u32, u32> = TaskType::new("rated");
+        let clock = ManualClock::new();
+        let pool = Pool::builder()
+            .workers(1)
+            .seed(1)
+            .manual_clock(clock.clone())
+            .register_with(
+                RATED,
+                TypeOptions::new().rate_limit(RateLimit::per_second(1.0)),
+                |_, n: &u32| Ok::<_, HandlerError>(*n),
+            )
+            .build()
+            .unwrap();
+        let first = pool.submit(RATED.task(1)).unwrap();
+        let second = pool.submit(RATED.task(2)).unwrap();
+        assert_eq!(first.wait(), Outcome::Succeeded(1));
+        let advancer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(Duration::from_secs(1)))
+        };
+        assert_eq!(second.wait(), Outcome::Succeeded(2));
+        advancer.join().unwrap();
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 14. A task held by a concurrency limit while the other worker runs the type's one slot: the
+/// run's end releases it, whichever worker is asleep by then.
+#[test]
+fn a_task_held_by_a_concurrency_limit_starts_when_the_slot_frees() {
+    model(|| {
+        const LIMITED: TaskType<u32, u32> = TaskType::new("limited");
+        let pool = Pool::builder()
+            .workers(2)
+            .seed(1)
+            .manual_clock(ManualClock::new())
+            .register_with(
+                LIMITED,
+                TypeOptions::new().concurrency_limit(1),
+                |_, n: &u32| Ok::<_, HandlerError>(*n),
+            )
+            .build()
+            .unwrap();
+        let first = pool.submit(LIMITED.task(1)).unwrap();
+        let second = pool.submit(LIMITED.task(2)).unwrap();
+        assert_eq!(first.wait(), Outcome::Succeeded(1));
+        assert_eq!(second.wait(), Outcome::Succeeded(2));
         pool.shutdown(Duration::from_secs(1));
     });
 }

@@ -6,10 +6,18 @@
 //!
 //! * `work_cv`: untimed. `State::idle` counts the workers here, `State::notified` those of them
 //!   already notified but not yet running again.
-//! * `timer_cv`: at most one worker, the *timer*, sleeps here until the earliest due time of the
-//!   delayed heap (`State::timer_sleeping`). Only it uses a timed wait, so a thousand delayed
-//!   tasks never wake a hundred workers at once, and a pool with nothing delayed has no timed
-//!   wait at all: an idle pool wakes no thread.
+//! * `timer_cv`: at most one worker, the *timer*, sleeps here until the earliest due time
+//!   (`State::timer_sleeping`). Only it uses a timed wait, so a thousand delayed tasks never
+//!   wake a hundred workers at once, and a pool with nothing delayed has no timed wait at all:
+//!   an idle pool wakes no thread.
+//!
+//! *Due times* are those of the delayed heap and those of the gates that *need the timer*
+//! (`gate.rs`): a rate limit holding tasks until its bucket's next token, an open breaker
+//! holding tasks until its cool-down ends. `State::earliest_due` is the earliest of them all,
+//! and `State::promote_due` both moves due tasks to the ready queue and releases the gates whose
+//! time has come, so the timer serves a held task exactly as it serves a delayed one. A held
+//! task is ready (`counts.ready`) but not poppable: the rules below count only the tasks in the
+//! ready queue (`State::ready_len`), so a thousand held tasks wake nobody.
 //!
 //! *Waking a sleeper* means: an idle worker not yet notified if there is one, else the timer if
 //! it is not yet notified, else nobody (everyone asleep is already on the way). A notified worker
@@ -28,14 +36,19 @@
 //!    than can run only contend for the lock. Each searcher that takes a task applies this rule
 //!    again (rule 2), so a deep queue still wakes every worker, in a few parallel chains.
 //! 2. A worker that takes a task applies rule 1 to the tasks still ready, and wakes a sleeper if
-//!    delayed tasks have no timer. Every worker, woken or done with a task, looks for work before
-//!    it sleeps, so a notification that finds its sleeper already awake loses nothing.
+//!    due times have no timer (`State::has_timed`). Every worker, woken or done with a task,
+//!    looks for work before it sleeps, so a notification that finds its sleeper already awake
+//!    loses nothing.
 //! 3. A new earliest due time wakes the timer (to shorten its sleep), or, with no timer, one
-//!    idle worker (to become it).
+//!    idle worker (to become it). A gate that starts needing the timer counts as one: a worker
+//!    that holds a task there (in `take`) wakes a sleeping timer, and becomes the timer itself
+//!    if there is none and it finds nothing to run; a breaker that opens again over held tasks
+//!    (in `complete`) follows the rule as a transition. Tasks a gate releases into the ready
+//!    queue are newly ready tasks (rule 1).
 //! 4. Closing the pool, stopping it, and the end of a closed pool's drain (`State::drained`)
 //!    wake everyone: workers re-check whether to exit, `shutdown` re-checks whether it is done.
 //! 5. A manual clock's advance wakes the timer and `shutdown` (their deadlines are on that clock)
-//!    and, with no timer, one idle worker.
+//!    and, with no timer but due times, one idle worker.
 //! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
 //!
 //! Before a worker goes to sleep untimed, it spins for a microsecond or two outside the lock (one
@@ -49,6 +62,7 @@
 //! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
 
+mod gate;
 mod queue;
 mod record;
 mod state;
@@ -57,6 +71,7 @@ mod submit;
 use std::any::Any;
 use std::time::{Duration, Instant};
 
+use gate::Wakes;
 pub(crate) use record::Effects;
 pub(crate) use state::{NewTask, Retention, State};
 
@@ -69,13 +84,13 @@ use crate::clock::{Clock, Wake};
 use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::event::Events;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak,
 };
-use crate::event::Events;
 use crate::task::{CancelOutcome, CancelReason, TaskId, TaskState};
 
 /// The embedded store: what the pool, its workers and its handles share in one process.
@@ -130,12 +145,13 @@ impl MemoryStore {
         events: Events,
     ) -> Self {
         let epoch = clock.now();
-        let names = registry.entries().iter().map(|e| e.name).collect();
         // An Instant that far out always exists (Instants are at least 64-bit seconds).
         let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
         MemoryStore {
             latest_run_at,
-            state: Mutex::new(State::new(retention, workers, epoch, pool_id, events, names)),
+            state: Mutex::new(State::new(
+                retention, workers, epoch, pool_id, events, &registry,
+            )),
             pool_id,
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
@@ -466,7 +482,7 @@ impl Store for MemoryStore {
             if state.closed && state.outstanding() == 0 {
                 return None;
             }
-            match state.earliest_due() {
+            match state.earliest_due(now) {
                 Some(due) if !state.timer_sleeping => {
                     state.timer_sleeping = true;
                     self.clock.wait_until(&self.timer_cv, &mut state, Some(due));
@@ -566,8 +582,8 @@ impl MemoryStore {
         self.spinners.fetch_sub(1, Ordering::Release);
     }
 
-    /// Promotes due tasks and takes the next ready one, waking sleepers for what is left
-    /// (rule 2). Never waits.
+    /// Promotes due tasks (and releases gates whose time has come) and takes the next ready
+    /// one, waking sleepers for what is left (rule 2). Never waits.
     fn take(
         &self,
         state: &mut State,
@@ -577,9 +593,20 @@ impl MemoryStore {
         if state.promote_due(now) > 0 {
             self.ready_epoch.fetch_add(1, Ordering::Release);
         }
-        let claim = state.claim_next(now, &self.clock, spare)?;
+        let mut wakes = Wakes::default();
+        let claim = state.claim_next(now, &self.clock, spare, &mut wakes);
+        if wakes.newly_ready > 0 {
+            self.ready_epoch.fetch_add(1, Ordering::Release);
+        }
+        if wakes.new_earliest {
+            // Rule 3 for a gate held shut until a time: a sleeping timer re-reads the earliest
+            // due time. Without one, this worker becomes the timer if it finds nothing, and
+            // rule 2 below wakes one if it found a task.
+            self.wake_timer(state);
+        }
+        let claim = claim?;
         self.wake_for_ready(state);
-        if state.has_scheduled() && !state.timer_sleeping {
+        if !state.timer_sleeping && state.has_timed() {
             self.wake_one(state);
         }
         Some(claim)
@@ -592,7 +619,7 @@ impl Wake for MemoryStore {
         let mut state = self.state.lock();
         self.timer_cv.notify_all();
         self.done_cv.notify_all();
-        if !state.timer_sleeping && state.has_scheduled() {
+        if !state.timer_sleeping && state.has_timed() {
             self.wake_one(&mut state);
         }
     }

@@ -3,13 +3,18 @@
 //!
 //! Both use lazy deletion: cancelling a queued task only changes its record, and the entry left
 //! behind is skipped when it reaches the front. The callers pass an `is_live` check that reads the
-//! task's record.
+//! task's record. The held queues of the gates (`gate.rs`) are ready queues too.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::Seq;
+use crate::aging::Aging;
+
+/// How aging ranks a bucket's front: effective priority, then ready longest (the earlier
+/// stamp), then the lower id; the greatest key runs first.
+type AgedKey = (u8, Reverse<Stamp>, Reverse<Seq>);
 
 /// Ready tasks: strictly higher priority first, first-in first-out within a priority.
 ///
@@ -42,7 +47,6 @@ impl ReadyQueue {
         self.len
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -50,6 +54,18 @@ impl ReadyQueue {
     pub(crate) fn push(&mut self, priority: u8, id: Seq) {
         let p = usize::from(priority);
         self.buckets[p].push_back(id);
+        self.count_in(p);
+    }
+
+    /// Puts an entry back at the front of its priority: a task that was queued before every
+    /// other of its priority (a held task released by its gate, see `gate.rs`).
+    pub(crate) fn push_front(&mut self, priority: u8, id: Seq) {
+        let p = usize::from(priority);
+        self.buckets[p].push_front(id);
+        self.count_in(p);
+    }
+
+    fn count_in(&mut self, p: usize) {
         self.live[p] += 1;
         self.nonempty[p / 64] |= 1 << (p % 64);
         self.len += 1;
@@ -69,6 +85,68 @@ impl ReadyQueue {
     /// Removes and returns the highest-priority, oldest live entry.
     pub(crate) fn pop(&mut self, is_live: impl Fn(Seq) -> bool) -> Option<Seq> {
         let p = self.highest()?;
+        Some(self.pop_from(p, is_live))
+    }
+
+    /// Removes and returns the live entry with the highest effective priority under `aging` at
+    /// stamp `now`; ties go to the task ready longest, then to the lower id. `since` gives a
+    /// live entry's ready stamp, `None` for a stale one. Without aging, [`pop`](Self::pop).
+    ///
+    /// Each bucket is first-in first-out, so its front has waited longest and ages highest:
+    /// comparing the fronts of the non-empty buckets finds the best entry, in at most 256 steps
+    /// (a few, usually). A bucket above the ceiling never ages and nothing ages past it, so when
+    /// the highest bucket is above the ceiling it wins at once.
+    pub(crate) fn pop_by(
+        &mut self,
+        aging: Option<&Aging>,
+        now: Stamp,
+        since: impl Fn(Seq) -> Option<Stamp>,
+    ) -> Option<Seq> {
+        let Some(aging) = aging else {
+            return self.pop(|id| since(id).is_some());
+        };
+        let highest = self.highest()?;
+        if highest > usize::from(aging.ceiling()) {
+            return Some(self.pop_from(highest, |id| since(id).is_some()));
+        }
+        // The best so far, and its bucket.
+        let mut best: Option<(AgedKey, usize)> = None;
+        for word in (0..4).rev() {
+            let mut bits = self.nonempty[word];
+            while bits != 0 {
+                let bit = 63 - bits.leading_zeros() as usize;
+                bits &= !(1 << bit);
+                let p = word * 64 + bit;
+                let bucket = &mut self.buckets[p];
+                let (id, stamp) = loop {
+                    let id = *bucket
+                        .front()
+                        .expect("a bucket with live entries is not empty");
+                    match since(id) {
+                        Some(stamp) => break (id, stamp),
+                        None => {
+                            bucket.pop_front();
+                        }
+                    }
+                };
+                let priority = u8::try_from(p).expect("256 buckets");
+                let waited = Duration::from_nanos(now.saturating_sub(stamp));
+                let key = (
+                    aging.effective(priority, waited),
+                    Reverse(stamp),
+                    Reverse(id),
+                );
+                if best.as_ref().is_none_or(|(top, _)| key > *top) {
+                    best = Some((key, p));
+                }
+            }
+        }
+        let (_, p) = best?;
+        Some(self.pop_from(p, |id| since(id).is_some()))
+    }
+
+    /// Pops the first live entry of bucket `p`, which has one.
+    fn pop_from(&mut self, p: usize, is_live: impl Fn(Seq) -> bool) -> Seq {
         let bucket = &mut self.buckets[p];
         loop {
             let id = bucket
@@ -80,9 +158,17 @@ impl ReadyQueue {
                 if self.live[p] == 0 {
                     self.clear_bucket(p);
                 }
-                return Some(id);
+                return id;
             }
         }
+    }
+
+    /// Every entry, stale ones included, with its priority (for the invariant checks).
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (u8, Seq)> + '_ {
+        self.buckets.iter().enumerate().flat_map(|(p, bucket)| {
+            let priority = u8::try_from(p).expect("256 buckets");
+            bucket.iter().map(move |&id| (priority, id))
+        })
     }
 
     /// The oldest live entry of each non-empty priority, highest priority first, with its depth.

@@ -17,6 +17,9 @@ pub(crate) struct Record {
     /// Index of the task type in the registry.
     pub(crate) type_index: u32,
     pub(crate) priority: u8,
+    /// Of a ready task of a gated type: whether a gate holds it, or released it (see `gate.rs`).
+    /// `Free` in every other state.
+    pub(crate) gating: Gating,
     /// Attempts started so far.
     pub(crate) attempts: u32,
     /// Dependencies that have not succeeded yet (non-zero only while blocked).
@@ -29,6 +32,29 @@ pub(crate) struct Record {
     /// Shared with every handle to the task.
     pub(crate) completion: Arc<Completion>,
     pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// One of the gates a task type may have (`gate.rs` names the gate itself: the type's own
+/// limit, or its downstream's breaker).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GateKind {
+    Breaker,
+    Concurrency,
+    Rate,
+}
+
+/// Where a ready task stands with its gates: what tells the queue it is in, and which count to
+/// fix when it leaves (invariants 2 and 11 in `state.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Gating {
+    /// In `ready`, not taken out of a gate's held queue (every ungated task).
+    #[default]
+    Free,
+    /// In the held queue of this gate.
+    Held(GateKind),
+    /// In `ready` again, released from this gate's held queue and not popped since: it counts
+    /// in that gate's `released`.
+    Released(GateKind),
 }
 
 /// What only some tasks need.

@@ -1,5 +1,6 @@
-//! The embedded store's state machine: task records, the ready queue, the delayed heap, and every
-//! transition between them. Plain data under the pool's one lock: no waiting, no user code.
+//! The embedded store's state machine: task records, the ready queue, the delayed heap, the
+//! gates' held queues, and every transition between them. Plain data under the pool's one lock:
+//! no waiting, no user code.
 //!
 //! # Invariants
 //!
@@ -7,8 +8,10 @@
 //!    terminal records are dropped; a dead letter's only once it stops being one). A record
 //!    changes state only through the methods here. Records are keyed by their task's sequence
 //!    number; a [`TaskId`] of another pool never reaches them.
-//! 2. A `Ready` task has exactly one live entry in `ready`; a `Scheduled` task exactly one in
-//!    `delayed`. Entries of tasks in any other state are stale and skipped when found.
+//! 2. A `Ready` task has exactly one live entry: in `ready` if its `gating` is `Free` or
+//!    `Released`, in the held queue of its gate if it is `Held` (see `gate.rs`). A `Scheduled`
+//!    task has exactly one in `delayed`. Entries of tasks in any other state are stale and
+//!    skipped when found.
 //! 3. A `Blocked` task's `pending_dependencies` counts its dependencies that have not succeeded
 //!    yet, is non-zero, and the task is listed in each such dependency's `dependents`. A
 //!    `dependents` list may also name tasks that have ended since (cancelled while blocked) and
@@ -28,8 +31,26 @@
 //!    resubmitted; a record in `dead` is kept until it leaves `dead`, retention or not.
 //! 10. A cancelled record holds its payload only if a dead letter's failure cancelled it (it
 //!     names that dead letter in `cascade_root`), for `resubmit_with_dependents`.
+//! 11. A record's `gating` is `Free` unless the task is `Ready`, and names only a gate its type
+//!     has. Each held queue's live count is the number of tasks held in it, each gate's
+//!     `released` the number of tasks released from it and still ready, and `Gates::held` the
+//!     sum of the live counts. `counts.ready` counts held tasks too: they are ready.
+//! 12. The `running` count of a type with a concurrency limit equals its running tasks and is
+//!     never above the limit: a task of a gated type starts only through `Gates::admit`, which
+//!     checks the limit and counts it in; `complete` and `abandon`, the only ways out of
+//!     `Running`, count it out. (So do the token bucket and the breaker: every start of a
+//!     rate-limited type takes a token, every start of a half-open downstream's type is its
+//!     one probe.)
+//! 13. No held task is forgotten: a gate that holds tasks and has released none is closed,
+//!     and what opens it releases it: a concurrency gate is at its limit (a task of the type
+//!     leaving `Running` releases it), a breaker is open (its cool-down is a due time of the
+//!     timer) or half-open with its probe out (the probe's end releases it), a rate gate waits
+//!     for its bucket's next token (a due time of the timer).
+//! 14. A breaker's `probe_out` is set only while it is half-open, and every change of a
+//!     breaker's state is emitted as an `Event::Breaker` in the step that makes it.
 //!
-//! [`State::check_invariants`] checks these (for tests; it reads every record).
+//! [`State::check_invariants`] checks these (for tests; it reads every record; the time-based
+//! halves of 12 and 13 are left to the tests of limits and breakers).
 
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -37,14 +58,17 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use super::Seq;
+use super::gate::{Gate, Gates, Wakes, ready_since};
 use super::queue::{DelayedQueue, Epoch, ReadyQueue};
-use super::record::{Effects, Record};
+use super::record::{Effects, Gating, Record};
+use crate::aging::Aging;
+use crate::breaker::Verdict;
 use crate::cancel::CancelToken;
 use crate::clock::Clock;
-use crate::event::Events;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError};
+use crate::event::Events;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, RunOutcome};
@@ -86,7 +110,7 @@ impl Hasher for IdHasher {
     }
 }
 
-type IdMap<V> = HashMap<Seq, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<Seq, V, BuildHasherDefault<IdHasher>>;
 
 /// Records per non-terminal state (invariant 5).
 #[derive(Default, Clone, Copy)]
@@ -161,10 +185,18 @@ pub(crate) struct State {
     dead: BTreeSet<Seq>,
     /// This pool's id: the first half of every [`TaskId`] it gives.
     pool: u64,
-    /// Where dead letters are reported (a channel send: no user code runs under the lock).
+    /// Where dead letters and breaker changes are reported (a channel send: no user code runs
+    /// under the lock).
     events: Events,
     /// The task types' names, by index.
     names: Vec<&'static str>,
+    /// Concurrency limits, rate limits, circuit breakers, and the tasks they hold back.
+    gates: Gates,
+    /// How ready tasks age, if they do.
+    aging: Option<Aging>,
+    /// Whether claims go through the gates and aging (some type is gated, or tasks age): the
+    /// one check an ungated pool pays per claim.
+    gated: bool,
     counts: Counts,
     totals: Totals,
     next_id: u64,
@@ -189,19 +221,23 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// `epoch`: the pool's start on its clock; no due time is earlier.
+    /// `epoch`: the pool's start on its clock; no due time is earlier. The registry's types
+    /// give the gates (buckets full at `epoch`) and the aging.
     pub(crate) fn new(
         retention: Retention,
         workers: usize,
         epoch: Instant,
         pool: u64,
         events: Events,
-        names: Vec<&'static str>,
+        registry: &Registry,
     ) -> Self {
         State {
             pool,
             events,
-            names,
+            names: registry.entries().iter().map(|e| e.name).collect(),
+            gates: Gates::new(registry, epoch),
+            aging: registry.aging,
+            gated: registry.has_gates() || registry.aging.is_some(),
             records: IdMap::default(),
             tokens: IdMap::default(),
             epoch: Epoch(epoch),
@@ -252,7 +288,7 @@ impl State {
     pub(crate) fn is_idle(&mut self, now: Instant) -> bool {
         self.counts.ready == 0
             && self.counts.running == 0
-            && self.earliest_due().is_none_or(|due| due > now)
+            && self.earliest_due(now).is_none_or(|due| due > now)
     }
 
     /// Nothing ready or running (due times not looked at).
@@ -260,8 +296,10 @@ impl State {
         self.counts.ready == 0 && self.counts.running == 0
     }
 
-    pub(crate) fn has_scheduled(&self) -> bool {
-        self.counts.scheduled > 0
+    /// Whether something waits for a time: a scheduled task, or a gate that needs the timer
+    /// (invariant 13).
+    pub(crate) fn has_timed(&self) -> bool {
+        self.counts.scheduled > 0 || self.gates.has_timer()
     }
 
     pub(crate) fn totals(&self) -> Totals {
@@ -365,6 +403,7 @@ impl State {
             state: TaskState::Blocked,
             type_index: task.type_index,
             priority: task.priority,
+            gating: Gating::Free,
             attempts: 0,
             pending_dependencies: pending,
             since: self.epoch.stamp(task.run_at),
@@ -430,7 +469,8 @@ impl State {
 
     // ===== claim and complete =====
 
-    /// Moves every due scheduled task to the ready queue; returns how many.
+    /// Moves every due scheduled task to the ready queue, and releases every gate whose time has
+    /// come (invariant 13); returns how many tasks became poppable.
     pub(crate) fn promote_due(&mut self, now: Instant) -> usize {
         let stamp = self.epoch.stamp(now);
         let mut promoted = 0;
@@ -448,37 +488,58 @@ impl State {
             self.counts.enter(TaskState::Ready);
             promoted += 1;
         }
+        if self.gates.held() > 0 && !self.stopping {
+            promoted += self.gates.release_due(
+                now,
+                stamp,
+                &mut self.records,
+                &mut self.ready,
+                self.aging.as_ref(),
+            );
+        }
         promoted
     }
 
-    /// The earliest due time of a scheduled task.
-    pub(crate) fn earliest_due(&mut self) -> Option<Instant> {
+    /// The earliest due time of a scheduled task, or of a gate that needs the timer (after
+    /// `promote_due(now)`, later than `now`).
+    pub(crate) fn earliest_due(&mut self, now: Instant) -> Option<Instant> {
         let records = &self.records;
-        self.delayed.earliest(|id| {
+        let due = self.delayed.earliest(|id| {
             records
                 .get(&id)
                 .is_some_and(|r| r.state == TaskState::Scheduled)
-        })
+        });
+        match self.gates.earliest(now) {
+            Some(gate) => Some(due.map_or(gate, |due| due.min(gate))),
+            None => due,
+        }
     }
 
-    /// Ready tasks.
+    /// Ready tasks a worker can pop now: those in `ready`, not those held by their gates.
     pub(crate) fn ready_len(&self) -> usize {
-        self.counts.ready
+        self.ready.len()
     }
 
     /// Takes the next ready task for a worker, giving it `spare` as its token if there is one.
+    /// Through the gates and aging if the pool has them, holding back the tasks whose gates are
+    /// closed; what that changed for the wake-up rules goes to `wakes`.
     pub(crate) fn claim_next(
         &mut self,
         now: Instant,
         clock: &Clock,
         spare: &mut Option<CancelToken>,
+        wakes: &mut Wakes,
     ) -> Option<Claim> {
-        let records = &self.records;
-        let seq = self.ready.pop(|seq| {
-            records
-                .get(&seq)
-                .is_some_and(|r| r.state == TaskState::Ready)
-        })?;
+        let seq = if self.gated {
+            self.pop_admitted(now, wakes)?
+        } else {
+            let records = &self.records;
+            self.ready.pop(|seq| {
+                records
+                    .get(&seq)
+                    .is_some_and(|r| r.state == TaskState::Ready)
+            })?
+        };
         let id = self.id(seq);
         let record = self.records.get_mut(&seq)?;
         self.counts.leave(TaskState::Ready);
@@ -502,6 +563,102 @@ impl State {
         })
     }
 
+    /// Pops ready tasks, best first (by effective priority under aging), until one whose gates
+    /// let it start; holds back the others (see `gate.rs`). `None` once `ready` is empty.
+    fn pop_admitted(&mut self, now: Instant, wakes: &mut Wakes) -> Option<Seq> {
+        let stamp = self.epoch.stamp(now);
+        loop {
+            let records = &self.records;
+            let seq = self
+                .ready
+                .pop_by(self.aging.as_ref(), stamp, |id| ready_since(records, id))?;
+            let record = self
+                .records
+                .get_mut(&seq)
+                .expect("a live entry has a record");
+            let type_index = record.type_index;
+            if !self.gates.is_gated(type_index) {
+                return Some(seq);
+            }
+            // Keeps invariant 11: out of `ready`, no longer a placeholder of its gate.
+            let was = std::mem::take(&mut record.gating);
+            let came_from = match was {
+                Gating::Released(kind) => {
+                    let gate = self.gates.gate(type_index, kind);
+                    self.gates.unrelease(gate);
+                    Some(gate)
+                }
+                _ => None,
+            };
+            let admitted = match self.gates.admit(type_index, now, &self.events) {
+                Ok(()) => true,
+                Err(kind) => {
+                    let gate = self.gates.gate(type_index, kind);
+                    let timed_before = self.gates.needs_timer(gate);
+                    // Keeps invariant 2: out of `ready`, into the held queue, marked. Back
+                    // where it was if this gate released it.
+                    record.gating = Gating::Held(kind);
+                    let priority = record.priority;
+                    let back = was == Gating::Released(kind);
+                    self.gates.hold(gate, seq, priority, back);
+                    wakes.new_earliest |= !timed_before && self.gates.needs_timer(gate);
+                    false
+                }
+            };
+            if let Some(gate) = came_from {
+                // One placeholder fewer: the gate may release another (invariant 13). It
+                // released some, so it needed no timer before this.
+                wakes.newly_ready += self.release(gate, now);
+                wakes.new_earliest |= self.gates.needs_timer(gate);
+            }
+            if admitted {
+                return Some(seq);
+            }
+        }
+    }
+
+    /// Releases tasks held at `gate` back to `ready` (see [`Gates::release`]), unless the pool
+    /// stops; returns how many.
+    fn release(&mut self, gate: Gate, now: Instant) -> usize {
+        if self.stopping {
+            return 0;
+        }
+        let stamp = self.epoch.stamp(now);
+        self.gates.release(
+            gate,
+            now,
+            stamp,
+            &mut self.records,
+            &mut self.ready,
+            self.aging.as_ref(),
+        )
+    }
+
+    /// A task of a gated type left `Running` with `verdict`: its gates count it out, and those
+    /// that may have opened release what they can (invariants 12 to 14).
+    fn run_ended(
+        &mut self,
+        type_index: u32,
+        verdict: Verdict,
+        now: Instant,
+        effects: &mut Effects,
+    ) {
+        let breaker = self.gates.breaker_of(type_index);
+        let timed_before = breaker.is_some_and(|gate| self.gates.needs_timer(gate));
+        for gate in self
+            .gates
+            .run_ended(type_index, verdict, now, &self.events)
+            .into_iter()
+            .flatten()
+        {
+            effects.newly_ready += self.release(gate, now);
+        }
+        // A breaker that opened again over held tasks: the timer must wait for its cool-down
+        // (a concurrency gate never needs the timer).
+        effects.new_earliest |=
+            !timed_before && breaker.is_some_and(|gate| self.gates.needs_timer(gate));
+    }
+
     /// Records the outcome of a run.
     pub(crate) fn complete(
         &mut self,
@@ -518,6 +675,14 @@ impl State {
         };
         debug_assert_eq!(record.state, TaskState::Running);
 
+        // What the run says about the type's downstream: nothing if a cancel won.
+        let gated = self.gated.then(|| {
+            let verdict = match record.cancel_requested() {
+                Some(_) => Verdict::Neither,
+                None => outcome.verdict(),
+            };
+            (record.type_index, verdict)
+        });
         // A cancel (or the shutdown deadline) that reached the running task wins over whatever
         // the handler returned.
         if let Some(reason) = record.cancel_requested() {
@@ -528,28 +693,33 @@ impl State {
                 RunOutcome::Retry { .. } => {}
             }
             self.finish(seq, End::Cancelled(reason), now, effects);
-            return;
+        } else {
+            match outcome {
+                RunOutcome::Succeeded(output) => {
+                    effects.drop_later(claim.payload);
+                    self.finish(seq, End::Succeeded(output), now, effects);
+                }
+                RunOutcome::Retry { delay, error } => {
+                    record.payload = Some(claim.payload);
+                    record.extra().last_error = Some(error);
+                    self.totals.retried += 1;
+                    // A delay past what a stamp holds waits as long as a stamp can say.
+                    record.since = match now.checked_add(delay) {
+                        Some(at) => self.epoch.stamp(at),
+                        None => u64::MAX,
+                    };
+                    self.make_runnable(seq, now, effects);
+                }
+                RunOutcome::Failed(mut failure) => {
+                    record.payload = Some(claim.payload);
+                    failure.attempts = record.attempts;
+                    self.finish(seq, End::Failed(failure), now, effects);
+                }
+            }
         }
-        match outcome {
-            RunOutcome::Succeeded(output) => {
-                effects.drop_later(claim.payload);
-                self.finish(seq, End::Succeeded(output), now, effects);
-            }
-            RunOutcome::Retry { delay, error } => {
-                record.payload = Some(claim.payload);
-                record.extra().last_error = Some(error);
-                self.totals.retried += 1;
-                // A delay past what a stamp holds waits as long as a stamp can say.
-                record.since = match now.checked_add(delay) {
-                    Some(at) => self.epoch.stamp(at),
-                    None => u64::MAX,
-                };
-                self.make_runnable(seq, now, effects);
-            }
-            RunOutcome::Failed(mut failure) => {
-                record.payload = Some(claim.payload);
-                failure.attempts = record.attempts;
-                self.finish(seq, End::Failed(failure), now, effects);
+        if let Some((type_index, verdict)) = gated {
+            if self.gates.is_gated(type_index) {
+                self.run_ended(type_index, verdict, now, effects);
             }
         }
     }
@@ -572,8 +742,13 @@ impl State {
         if record.state != TaskState::Running {
             return;
         }
+        let type_index = record.type_index;
         let failure = Failure::new(FailureReason::Panicked, record.attempts, message, None);
         self.finish(seq, End::Failed(failure), now, effects);
+        // A panic says nothing about the downstream.
+        if self.gates.is_gated(type_index) {
+            self.run_ended(type_index, Verdict::Neither, now, effects);
+        }
     }
 
     // ===== endings =====
@@ -585,6 +760,8 @@ impl State {
         // back with it (`resubmit_with_dependents`).
         let keep_payloads = matches!(end, End::Failed(_));
         let mut cascade = Vec::new();
+        // A released task that ends leaves its gate one placeholder short (invariant 13).
+        let mut reopen: Option<Gate> = None;
         // Cascades are rare: the stack allocates only when a dependent must be cancelled.
         let mut next = Some((seq, end));
         let mut work = Vec::new();
@@ -599,7 +776,22 @@ impl State {
                 cascade.push(seq);
             }
             if record.state == TaskState::Ready {
-                self.ready.forget(record.priority);
+                // Keeps invariants 2 and 11: the entry it leaves is stale.
+                match std::mem::take(&mut record.gating) {
+                    Gating::Free => self.ready.forget(record.priority),
+                    Gating::Held(kind) => {
+                        let gate = self.gates.gate(record.type_index, kind);
+                        self.gates.forget_held(gate, record.priority);
+                    }
+                    Gating::Released(kind) => {
+                        self.ready.forget(record.priority);
+                        let gate = self.gates.gate(record.type_index, kind);
+                        self.gates.unrelease(gate);
+                        // Only a root can be ready: a dependent is blocked until it ends.
+                        debug_assert!(reopen.is_none(), "one ready task per finish");
+                        reopen = Some(gate);
+                    }
+                }
             }
             self.counts.leave(record.state);
             record.since = self.epoch.stamp(now);
@@ -694,6 +886,11 @@ impl State {
             if let Some(record) = self.records.get_mut(&root) {
                 record.extra().cascade = cascade;
             }
+        }
+        if let Some(gate) = reopen {
+            effects.newly_ready += self.release(gate, now);
+            // It had released one, so it needed no timer before.
+            effects.new_earliest |= self.gates.needs_timer(gate);
         }
         self.enforce_dead_letter_limit(effects);
         self.enforce_retention(now, effects);
@@ -1069,11 +1266,26 @@ impl State {
 
     pub(crate) fn stats(&mut self, now: Instant) -> Stats {
         let records = &self.records;
-        let fronts = self.ready.fronts(|id| {
+        let is_live = |id| {
             records
                 .get(&id)
-                .is_some_and(|r| r.state == TaskState::Ready)
-        });
+                .is_some_and(|r: &Record| r.state == TaskState::Ready)
+        };
+        let mut fronts = self.ready.fronts(is_live);
+        let held = self.gates.fronts(is_live);
+        if !held.is_empty() {
+            // Held tasks are ready too (invariant 11), by their own priority: merge each
+            // priority's depths, and keep its oldest front.
+            fronts.extend(held);
+            fronts.sort_by_key(|&(p, _, id)| (std::cmp::Reverse(p), records[&id].since));
+            fronts.dedup_by(|later, first| {
+                let same = later.0 == first.0;
+                if same {
+                    first.1 += later.1;
+                }
+                same
+            });
+        }
         let oldest_ready_by_priority: Vec<(u8, Duration)> = fronts
             .iter()
             .map(|&(p, _, id)| {
@@ -1093,7 +1305,7 @@ impl State {
             ready_by_priority: fronts.iter().map(|&(p, n, _)| (p, n)).collect(),
             oldest_ready,
             oldest_ready_by_priority,
-            breakers: Vec::new(),
+            breakers: self.gates.breakers(),
             stuck: 0,
             delayed_entries: self.delayed.entries(),
             totals: self.totals,
@@ -1153,6 +1365,9 @@ impl State {
                 }
             } else if published {
                 return fail(6, format!("{id} is {} but published", record.state));
+            }
+            if record.gating != Gating::Free && record.state != TaskState::Ready {
+                return fail(11, format!("{} {id} is {:?}", record.state, record.gating));
             }
             let holds_payload = record.payload.is_some();
             let token = self.tokens.contains_key(&seq);
@@ -1239,12 +1454,34 @@ impl State {
                 format!("{} tokens, {} running", self.tokens.len(), counts.running),
             );
         }
-        let live_ready = self.ready.len();
+        let live_ready = self.ready.len() + self.gates.held();
         if live_ready != counts.ready {
             return fail(
                 2,
-                format!("{live_ready} live ready entries, {} ready", counts.ready),
+                format!(
+                    "{live_ready} live ready and held entries, {} ready",
+                    counts.ready
+                ),
             );
+        }
+        // Each ready task in `ready` has one live entry there, unless a gate holds it.
+        let mut in_ready = std::collections::HashSet::new();
+        for (_, seq) in self.ready.entries() {
+            let Some(record) = self.records.get(&seq) else {
+                continue;
+            };
+            if record.state != TaskState::Ready {
+                continue;
+            }
+            if matches!(record.gating, Gating::Held(_)) || !in_ready.insert(seq) {
+                return fail(
+                    2,
+                    format!("{} has a stray or second entry in ready", self.id(seq)),
+                );
+            }
+        }
+        if let Err((n, what)) = self.gates.check(&self.records) {
+            return fail(n, what);
         }
         let expired = self
             .records
@@ -1284,9 +1521,15 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::super::MemoryStore;
+    use super::super::record::GateKind;
     use super::*;
+    use crate::breaker::{Breaker, BreakerState};
     use crate::clock::Clock;
+    use crate::event::Event;
+    use crate::limit::RateLimit;
+    use crate::registry::Entry;
     use crate::store::Store;
+    use crate::task::TaskType;
 
     fn retention() -> Retention {
         Retention {
@@ -1334,7 +1577,14 @@ mod tests {
     /// can fail).
     #[test]
     fn check_invariants_names_what_is_broken() {
-        let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7, Events::none());
+        let shared = MemoryStore::new(
+            Registry::default(),
+            Clock::System,
+            retention(),
+            1,
+            7,
+            Events::none(),
+        );
         let now = Instant::now();
         let mut effects = Effects::default();
         let (first, _) =
@@ -1351,7 +1601,14 @@ mod tests {
         assert_eq!(shared.check_invariants(), Ok(()));
 
         let broken = |f: fn(&mut State, Seq, Seq), invariant: &str| {
-            let shared = MemoryStore::new(Registry::default(), Clock::System, retention(), 1, 7, Events::none());
+            let shared = MemoryStore::new(
+                Registry::default(),
+                Clock::System,
+                retention(),
+                1,
+                7,
+                Events::none(),
+            );
             let mut effects = Effects::default();
             let mut state = shared.lock();
             let (a, _) = state.insert(task(Vec::new()), Completion::new(), now, &mut effects);
@@ -1412,5 +1669,329 @@ mod tests {
         );
         broken(|s, _, _| s.stopping = true, "invariant 7");
         assert_eq!(second.pool(), 7);
+    }
+
+    // ===== gates =====
+
+    /// What a gated test type has: a concurrency limit, a rate limit, a downstream index.
+    type Limits = (Option<u32>, Option<RateLimit>, Option<u32>);
+
+    /// A store whose type `i` has `types[i]`, with breakers `downstreams`, telling its events
+    /// to the returned log.
+    fn gated_store(
+        types: &[Limits],
+        downstreams: &[Breaker],
+        aging: Option<Aging>,
+    ) -> (MemoryStore, Events, Arc<crate::sync::Mutex<Vec<Event>>>) {
+        const NAMES: [&str; 3] = ["a", "b", "c"];
+        let mut registry = Registry::default();
+        for (i, &(concurrency, rate, downstream)) in types.iter().enumerate() {
+            let ty: TaskType<(), ()> = TaskType::new(NAMES[i]);
+            let mut entry = Entry::new(ty, |_, _: &()| Ok::<_, crate::HandlerError>(()));
+            entry.max_attempts = 1;
+            entry.concurrency = concurrency;
+            entry.rate = rate;
+            entry.downstream = downstream;
+            registry.insert(entry).unwrap();
+        }
+        registry.downstreams = downstreams.iter().map(|&b| ("d", b)).collect();
+        registry.aging = aging;
+        let log = Arc::new(crate::sync::Mutex::new(Vec::new()));
+        let sink = Arc::clone(&log);
+        let hook: crate::event::Hook = Box::new(move |e: &Event| sink.lock().push(e.clone()));
+        let events = Events::start(vec![hook], "gates-test").unwrap();
+        let store = MemoryStore::new(registry, Clock::System, retention(), 1, 7, events.clone());
+        (store, events, log)
+    }
+
+    fn gated_task(type_index: u32, priority: u8, run_at: Instant) -> NewTask {
+        NewTask {
+            type_index,
+            payload: Box::new(()),
+            priority,
+            run_at,
+            dependencies: Vec::new(),
+            key: None,
+        }
+    }
+
+    fn claim(state: &mut State, now: Instant) -> Option<Claim> {
+        state.claim_next(now, &Clock::System, &mut None, &mut Wakes::default())
+    }
+
+    fn succeed(state: &mut State, claim: Claim, now: Instant) -> Effects {
+        let mut effects = Effects::default();
+        state.complete(
+            claim,
+            RunOutcome::Succeeded(Box::new(())),
+            now,
+            &mut effects,
+        );
+        effects
+    }
+
+    fn fail(state: &mut State, claim: Claim, now: Instant) -> Effects {
+        let mut effects = Effects::default();
+        let failure = Failure::new(FailureReason::Exhausted, 1, "down".into(), None);
+        state.complete(claim, RunOutcome::Failed(failure), now, &mut effects);
+        effects
+    }
+
+    /// A concurrency limit holds what it cannot start, releases one task per freed slot, and
+    /// releases another when a released task is cancelled before a worker pops it.
+    #[test]
+    fn a_limit_holds_and_releases_one_task_per_slot() {
+        let (store, _events, _) =
+            gated_store(&[(Some(1), None, None), (None, None, None)], &[], None);
+        let now = Instant::now();
+        let mut state = store.lock();
+        let mut effects = Effects::default();
+        let ids: Vec<TaskId> = (0..3)
+            .map(|_| {
+                state
+                    .insert(gated_task(0, 5, now), Completion::new(), now, &mut effects)
+                    .0
+            })
+            .collect();
+        let (free, _) = state.insert(gated_task(1, 0, now), Completion::new(), now, &mut effects);
+        let first = claim(&mut state, now).expect("the first runs");
+        assert_eq!(first.id, ids[0]);
+        // The other two are held on the way to the free task.
+        let other = claim(&mut state, now).expect("the free task runs");
+        assert_eq!(other.id, free);
+        assert_eq!(
+            (state.ready_len(), state.gates.held(), state.counts.ready),
+            (0, 2, 2)
+        );
+        assert!(claim(&mut state, now).is_none());
+        assert_eq!(state.check_invariants(), Ok(()));
+        assert_eq!(state.stats(now).ready_by_priority, [(5, 2)]);
+
+        // A slot frees: one task (the oldest) is released, not both.
+        let effects = succeed(&mut state, first, now);
+        assert_eq!(effects.newly_ready, 1);
+        assert_eq!(
+            state.records[&ids[1].seq()].gating,
+            Gating::Released(GateKind::Concurrency)
+        );
+        assert_eq!((state.ready_len(), state.gates.held()), (1, 1));
+        assert_eq!(state.check_invariants(), Ok(()));
+
+        // Cancelled before a worker pops it: the gate releases the next in its place.
+        let mut effects = Effects::default();
+        let outcome = state.cancel(ids[1], CancelReason::Requested, now, &mut effects);
+        assert_eq!(outcome, Ok(CancelOutcome::Cancelled));
+        assert_eq!(effects.newly_ready, 1);
+        assert_eq!(state.check_invariants(), Ok(()));
+        let last = claim(&mut state, now).expect("the last one runs");
+        assert_eq!(last.id, ids[2]);
+        assert_eq!(state.records[&ids[2].seq()].attempts, 1);
+        assert_eq!(state.check_invariants(), Ok(()));
+        succeed(&mut state, last, now);
+        succeed(&mut state, other, now);
+        assert_eq!(state.check_invariants(), Ok(()));
+        assert!(state.counts_idle());
+    }
+
+    /// A rate-limited task held for a token is a due time of the timer, and starts when the
+    /// token is there.
+    #[test]
+    fn a_held_task_waits_for_its_token_as_a_due_time() {
+        let limit = RateLimit::per_second(1.0);
+        let (store, _events, _) = gated_store(&[(None, Some(limit), None)], &[], None);
+        let now = Instant::now();
+        let mut state = store.lock();
+        let mut effects = Effects::default();
+        for _ in 0..2 {
+            state.insert(gated_task(0, 0, now), Completion::new(), now, &mut effects);
+        }
+        let first = claim(&mut state, now).expect("the burst");
+        let mut wakes = Wakes::default();
+        assert!(
+            state
+                .claim_next(now, &Clock::System, &mut None, &mut wakes)
+                .is_none()
+        );
+        assert!(wakes.new_earliest, "the hold must wake a sleeping timer");
+        assert!(state.has_timed());
+        let due = state.earliest_due(now).expect("the token's time");
+        assert!(due > now + Duration::from_millis(999) && due <= now + Duration::from_millis(1001));
+        assert_eq!(state.check_invariants(), Ok(()));
+        // Not before it: nothing released.
+        assert_eq!(state.promote_due(now + Duration::from_millis(900)), 0);
+        assert_eq!(state.promote_due(due), 1);
+        assert!(!state.has_timed());
+        let second = claim(&mut state, due).expect("its token came");
+        assert_eq!(state.check_invariants(), Ok(()));
+        succeed(&mut state, first, due);
+        succeed(&mut state, second, due);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    /// A breaker opens at its threshold (an event), holds its downstream's tasks (both types)
+    /// until the cool-down, lets one probe through, and closes on its success.
+    #[test]
+    fn a_breaker_holds_probes_and_closes() {
+        let settings = Breaker::new(1, Duration::from_secs(10));
+        let (store, events, log) = gated_store(
+            &[(None, None, Some(0)), (None, None, Some(0))],
+            &[settings],
+            None,
+        );
+        let now = Instant::now();
+        let mut state = store.lock();
+        let mut effects = Effects::default();
+        let ids: Vec<TaskId> = (0..4)
+            .map(|i| {
+                let task = gated_task(i % 2, 0, now);
+                state.insert(task, Completion::new(), now, &mut effects).0
+            })
+            .collect();
+        let first = claim(&mut state, now).unwrap();
+        let effects = fail(&mut state, first, now);
+        assert!(!effects.new_earliest, "nothing held yet");
+        assert_eq!(state.stats(now).breakers, [("d", BreakerState::Open)]);
+        let mut wakes = Wakes::default();
+        assert!(
+            state
+                .claim_next(now, &Clock::System, &mut None, &mut wakes)
+                .is_none()
+        );
+        assert!(wakes.new_earliest);
+        assert_eq!(state.gates.held(), 3);
+        let reopens = now + Duration::from_secs(10);
+        assert_eq!(state.earliest_due(now), Some(reopens));
+        assert_eq!(state.check_invariants(), Ok(()));
+        for id in &ids[1..] {
+            assert_eq!(state.records[&id.seq()].attempts, 0);
+        }
+
+        // The cool-down ends: one probe, the oldest held task.
+        assert_eq!(state.promote_due(reopens), 1);
+        let probe = claim(&mut state, reopens).expect("the probe");
+        assert_eq!(probe.id, ids[1]);
+        assert!(claim(&mut state, reopens).is_none(), "one probe at a time");
+        assert_eq!(
+            state.stats(reopens).breakers,
+            [("d", BreakerState::HalfOpen)]
+        );
+        assert_eq!(
+            state.earliest_due(reopens),
+            None,
+            "the probe's end reopens, not time"
+        );
+        assert_eq!(state.check_invariants(), Ok(()));
+        let effects = succeed(&mut state, probe, reopens);
+        assert_eq!(effects.newly_ready, 2, "closed: every held task goes back");
+        assert_eq!(state.check_invariants(), Ok(()));
+        let a = claim(&mut state, reopens).unwrap();
+        let b = claim(&mut state, reopens).unwrap();
+        assert_eq!(
+            (a.id, b.id),
+            (ids[2], ids[3]),
+            "in the order they were held"
+        );
+        succeed(&mut state, a, reopens);
+        succeed(&mut state, b, reopens);
+        drop(state);
+        events.flush();
+        let changes: Vec<BreakerState> = log
+            .lock()
+            .iter()
+            .filter_map(|e| match e {
+                Event::Breaker { state, .. } => Some(*state),
+                _ => None,
+            })
+            .collect();
+        use BreakerState::*;
+        assert_eq!(changes, [Open, HalfOpen, Closed]);
+        events.stop();
+    }
+
+    /// Aging: the pick is the highest effective priority, then the task ready longest.
+    #[test]
+    fn aging_picks_by_effective_priority_then_age() {
+        let aging = Aging::new(Duration::from_secs(1), 9);
+        let (store, _events, _) = gated_store(&[(None, None, None)], &[], Some(aging));
+        let t0 = Instant::now();
+        let mut state = store.lock();
+        let mut effects = Effects::default();
+        let mut insert = |state: &mut State, priority, at| {
+            state
+                .insert(
+                    gated_task(0, priority, at),
+                    Completion::new(),
+                    at,
+                    &mut effects,
+                )
+                .0
+        };
+        let low = insert(&mut state, 0, t0);
+        let t5 = t0 + Duration::from_secs(5);
+        let mid = insert(&mut state, 4, t5);
+        let t9 = t0 + Duration::from_secs(9);
+        let high = insert(&mut state, 9, t9);
+        let top = insert(&mut state, 12, t9);
+        // Stats keep each task under its own priority.
+        let by_priority = state.stats(t9).ready_by_priority;
+        assert_eq!(by_priority, [(12, 1), (9, 1), (4, 1), (0, 1)]);
+        // At t9: top first (12, above the ceiling: it never ages, nothing ages past 9); then
+        // low, aged to 9, ties with high and has waited longer; then high (9); then mid (4,
+        // aged to 8).
+        let order: Vec<TaskId> =
+            std::iter::from_fn(|| claim(&mut state, t9).map(|c| c.id)).collect();
+        assert_eq!(order, [top, low, high, mid]);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    /// The checks name the gate invariants a corrupted state breaks.
+    #[test]
+    fn check_invariants_names_broken_gates() {
+        let limits = [(Some(1), None, None)];
+        let now = Instant::now();
+        let setup = |f: fn(&mut State, &[TaskId], Claim)| {
+            let (store, _events, _) = gated_store(&limits, &[], None);
+            let mut state = store.lock();
+            let mut effects = Effects::default();
+            let ids: Vec<TaskId> = (0..3)
+                .map(|_| {
+                    state
+                        .insert(gated_task(0, 0, now), Completion::new(), now, &mut effects)
+                        .0
+                })
+                .collect();
+            let running = claim(&mut state, now).unwrap();
+            assert!(claim(&mut state, now).is_none());
+            assert_eq!(state.check_invariants(), Ok(()));
+            f(&mut state, &ids, running);
+            state.check_invariants().unwrap_err()
+        };
+        let err = setup(|s, ids, _| {
+            s.records.get_mut(&ids[0].seq()).unwrap().gating = Gating::Held(GateKind::Rate);
+        });
+        assert!(err.starts_with("invariant 11"), "{err}");
+        let err = setup(|s, ids, _| {
+            s.records.get_mut(&ids[1].seq()).unwrap().gating = Gating::Free;
+        });
+        assert!(err.starts_with("invariant 11"), "{err}");
+        // A slot freed without releasing a held task: it would wait forever.
+        let err = setup(|s, _, running| {
+            s.stopping = true;
+            succeed(s, running, Instant::now());
+            s.stopping = false;
+        });
+        assert!(err.starts_with("invariant 13"), "{err}");
+        // A held task queued twice.
+        let err = setup(|s, ids, _| {
+            s.gates.forget_held(Gate::Concurrency(0), 0);
+            s.gates.hold(Gate::Concurrency(0), ids[1].seq(), 0, false);
+        });
+        assert!(err.starts_with("invariant 2"), "{err}");
+        // A running task counted out of its limit while it runs.
+        let err = setup(|s, _, _| {
+            s.gates
+                .run_ended(0, Verdict::Neither, Instant::now(), &Events::none());
+        });
+        assert!(err.starts_with("invariant 12"), "{err}");
     }
 }
