@@ -311,7 +311,11 @@ impl PgStore {
             // Only this lease's entry: a retry due at once may already have been claimed again
             // by this pool's fetcher, under a new lease whose entry must stay (its heartbeat,
             // its cancels, its type).
-            if local.running.get(&seq).is_some_and(|held| held.lease == lease) {
+            if local
+                .running
+                .get(&seq)
+                .is_some_and(|held| held.lease == lease)
+            {
                 local.running.remove(&seq);
             }
             local.free += 1;
