@@ -1,7 +1,7 @@
 //! Limits, breakers and aging on the durable store, shared by every pool on the database. Two
 //! pools on one schema stand for two processes: they share nothing but the rows (and, for the
-//! tests on a manual clock, the clock). Also: the schema's upgrade from version 1, and the claim's
-//! index after it.
+//! tests on a manual clock, the clock). Also: the schema's upgrade from version 1, the claim's
+//! index after it, and a manual clock's time in a caller's transaction.
 #![cfg(feature = "postgres")]
 
 mod support_pg;
@@ -782,5 +782,54 @@ fn a_version_1_schema_upgrades_and_keeps_its_rows() {
     );
     assert_eq!(pool.info(again.id()).unwrap().priority, 6);
     pool.check_invariants().unwrap();
+    pool.shutdown(Duration::from_secs(10));
+}
+
+// ===== the manual clock in SQL =====
+
+/// A task submitted in the caller's own transaction by a pool on a manual clock is due on that
+/// clock, as the store's own submits are (its `tasq_now()` is the clock's, not the database's
+/// nor whatever the caller's session holds), and the caller's session keeps its setting.
+#[test]
+fn a_submit_in_the_callers_transaction_is_due_on_the_manual_clock() {
+    let Some(db) = TestDb::new() else { return };
+    let clock = ManualClock::new();
+    // The manual time runs an hour ahead of the database's.
+    clock.advance(Duration::from_secs(3600));
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .poll_interval(Duration::from_millis(50))
+        .manual_clock(clock.clone())
+        .register(JOB, |_, _: &u32| Ok::<_, HandlerError>(()))
+        .build()
+        .unwrap();
+    let mut client = db.client();
+    client
+        .batch_execute("SET tasq.manual_now_us = '123'")
+        .unwrap();
+    const SETTING: &str = "SELECT current_setting('tasq.manual_now_us')";
+    let mut tx = client.transaction().unwrap();
+    let id = pool
+        .submit_in(&mut tx, JOB.task(1).delay(Duration::from_secs(1800)))
+        .unwrap();
+    let own: String = tx.query_one(SETTING, &[]).unwrap().get(0);
+    assert_eq!(own, "123", "the caller's transaction reads its own");
+    tx.commit().unwrap();
+    let own: String = client.query_one(SETTING, &[]).unwrap().get(0);
+    assert_eq!(own, "123", "the caller's session keeps its own");
+
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        pool.status(id),
+        Some(tasq::TaskState::Scheduled),
+        "due in 30 minutes of the manual clock"
+    );
+    clock.advance(Duration::from_secs(1800));
+    let handle = pool.handle(JOB, id).unwrap();
+    assert_eq!(
+        handle.wait_timeout(Duration::from_secs(20)),
+        Some(Outcome::Succeeded(()))
+    );
     pool.shutdown(Duration::from_secs(10));
 }

@@ -99,7 +99,7 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
         }
         // Also before each claim: here it keeps the priorities aged while the fetcher waits,
         // for the processes that claim these types without aging of their own.
-        super::gates::age_if_due(store);
+        super::gates::age_if_due(store, false);
     }
 }
 

@@ -56,7 +56,7 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
             }
         };
         // Before the claim, so that it sees the priorities aged to the pool's clock.
-        super::gates::age_if_due(store);
+        super::gates::age_if_due(store, true);
         match claim_batch(store, wanted) {
             Ok(claimed) => {
                 backoff = Duration::from_millis(50);
@@ -195,7 +195,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             format!("the payload could not be decoded: {error}"),
             None,
         );
-        store.finish(seq, lease, Ending::Failed(failure));
+        store.finish(seq, lease, Ending::Failed(failure), store.manual_now_us());
     }
     Ok(count)
 }
@@ -203,12 +203,18 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
 impl PgStore {
     /// Records a claimed task's run (see [`Store::complete_and_claim`](crate::store::Store)).
     pub(super) fn complete(&self, claim: Claim, outcome: RunOutcome) {
+        // The run ended now: on a manual clock, its verdict and its ending are written at this
+        // time, however late their statements run. Else a clock moved in between would split
+        // them: a breaker opened at t, its retry due only after t + the move (with no further
+        // move, never), which the embedded store, writing both under one lock, cannot do.
+        let ended_at = self.manual_now_us();
         let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
         let lease = claim.lease.unwrap_or(0);
         if let Some(downstream) = self.registry.entry(claim.type_index).downstream {
             // Before the ending: once the probe's row stops running, its breaker has already
             // closed or reopened (see `gates.rs`).
-            super::gates::record(self, downstream as usize, seq, lease, outcome.verdict());
+            let verdict = outcome.verdict();
+            super::gates::record(self, downstream as usize, seq, lease, verdict, ended_at);
         }
         // The payload is dropped after the outcome is written and published: its `Drop` is user
         // code, and may wait for this very task (as on the embedded store).
@@ -234,17 +240,18 @@ impl PgStore {
                 Ending::Failed(failure)
             }
         };
-        self.finish(seq, lease, ending);
+        self.finish(seq, lease, ending, ended_at);
         unwind::drop_quietly(payload);
     }
 
-    /// Writes how task `seq`'s run under `lease` ended, fenced by the lease; retried while the
-    /// database is away. Then frees the worker's slot and publishes the outcome to local
-    /// handles.
-    pub(super) fn finish(&self, seq: i64, lease: i64, mut ending: Ending) {
+    /// Writes how task `seq`'s run under `lease` ended, fenced by the lease, with `tasq_now()`
+    /// at `ended_at` (with a manual clock: the time the run ended, see `with_conn_at`; a
+    /// success grouped with others is stamped when written); retried while the database is
+    /// away. Then frees the worker's slot and publishes the outcome to local handles.
+    pub(super) fn finish(&self, seq: i64, lease: i64, mut ending: Ending, ended_at: Option<i64>) {
         let mut delay = Duration::from_millis(20);
         let (written, cascaded) = loop {
-            match self.write_ending(seq, lease, &mut ending) {
+            match self.write_ending(seq, lease, &mut ending, ended_at) {
                 Ok(Some((state, cascaded))) => break (Some(state), cascaded),
                 Ok(None) => break (None, 0),
                 Err(_) => {
@@ -339,13 +346,14 @@ impl PgStore {
         seq: i64,
         lease: i64,
         ending: &mut Ending,
+        ended_at: Option<i64>,
     ) -> Result<Option<(TaskState, u64)>, String> {
         // The common cases in one statement: no cancel asked, no dependents to release
         // (checked on the row's latest version, under its lock).
         let fast = match ending {
             // Grouped with other workers' successes (see acks.rs).
             Ending::Succeeded(output, _) => u64::from(self.acks.succeed(self, seq, lease, output)?),
-            Ending::Retry { delay, error } => self.with_conn(|c| {
+            Ending::Retry { delay, error } => self.with_conn_at(ended_at, |c| {
                 c.execute(
                     "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
                             lease_until = NULL,
@@ -365,7 +373,7 @@ impl PgStore {
             };
             return Ok(Some((state, 0)));
         }
-        self.with_conn(|c| {
+        self.with_conn_at(ended_at, |c| {
             let mut tx = c.transaction()?;
             let written = write_ending_tx(&mut tx, seq, lease, ending, self.max_dead_letters())?;
             tx.commit()?;

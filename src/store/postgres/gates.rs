@@ -63,12 +63,14 @@
 //! # Aging
 //!
 //! The claim orders by `priority` through the `tasq_dequeue` index, so aging raises `priority`
-//! itself, in a periodic update ([`AGE`]) run by the fetcher before a claim and by the
-//! maintenance thread, once per `every` on the pool's clock: a due ready row below the ceiling
-//! gets `LEAST(ceiling, own + (tasq_now() - run_at) / every)`, its own priority kept in
-//! `base_priority`. A row is written only when it earns a level (at most `ceiling - own` times),
-//! and every return to `ready` (a retry, a give-back, the reaper) restores its own priority.
-//! Equal effective priorities still run `run_at` first, then by id.
+//! itself, in a periodic update ([`AGE`]) run by the fetcher before a claim and by the maintenance
+//! thread, once per `every` on the pool's clock: a due ready row below the ceiling gets
+//! `LEAST(ceiling, own + (tasq_now() - run_at) / every)`, its own priority kept in `base_priority`.
+//! A claim never passes an update that was due when it began: if the maintenance thread has that
+//! update in flight, the fetcher waits for it ([`age_if_due`]). A row is written only when it earns
+//! a level (at most `ceiling - own` times), and every return to `ready` (a retry, a give-back, the
+//! reaper) restores its own priority. Equal effective priorities still run `run_at` first, then by
+//! id.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -739,20 +741,30 @@ pub(super) fn claim(store: &PgStore, gates: &Gates, wanted: usize) -> Result<Gat
 // ===== breaker outcomes =====
 
 /// Records what a run of task `seq`, leased as `lease`, says about downstream `downstream` (a
-/// registry index), before its ending is written; reports a change of state. A run whose lease
-/// is lost or whose cancel was asked for says nothing; so does a `Neither` run, whose probe slot
-/// (if it was the probe) frees itself once its row stops running.
-pub(super) fn record(store: &PgStore, downstream: usize, seq: i64, lease: i64, verdict: Verdict) {
+/// registry index), before its ending is written, at `ended_at` (the time the run ended, as
+/// `PgStore::finish` takes it); reports a change of state. A run whose lease is lost or whose
+/// cancel was asked for says nothing; so does a `Neither` run, whose probe slot (if it was the
+/// probe) frees itself once its row stops running.
+pub(super) fn record(
+    store: &PgStore,
+    downstream: usize,
+    seq: i64,
+    lease: i64,
+    verdict: Verdict,
+    ended_at: Option<i64>,
+) {
     let Some(&(name, breaker)) = store.registry.downstreams.get(downstream) else {
         return;
     };
     let threshold = i32::try_from(breaker.failures()).unwrap_or(i32::MAX);
     let rows = match verdict {
         Verdict::Neither => return,
-        Verdict::Success => store.with_conn(|c| c.query(SUCCEEDED, &[&name, &seq, &lease])),
-        Verdict::Failure => {
-            store.with_conn(|c| c.query(FAILED, &[&name, &seq, &lease, &threshold]))
+        Verdict::Success => {
+            store.with_conn_at(ended_at, |c| c.query(SUCCEEDED, &[&name, &seq, &lease]))
         }
+        Verdict::Failure => store.with_conn_at(ended_at, |c| {
+            c.query(FAILED, &[&name, &seq, &lease, &threshold])
+        }),
     };
     // A failed write loses one outcome at worst: the breaker stays as it was.
     let Ok(rows) = rows else {
@@ -863,31 +875,75 @@ pub(super) fn check(store: &PgStore, gates: &Gates) -> Result<(), String> {
 
 // ===== aging =====
 
+/// When the aging update runs next, and whether one runs now.
+#[derive(Debug, Default)]
+pub(super) struct AgingTurn {
+    /// When the next update is due, on the pool's clock (`None`: at once).
+    next: Option<Instant>,
+    /// An update is in flight (its thread holds the turn).
+    running: bool,
+}
+
 /// Runs the aging update if one `every` of the pool's clock has passed since the last (see the
-/// design note); called by the fetcher before a claim and by the maintenance thread.
-pub(super) fn age_if_due(store: &PgStore) {
+/// design note); called by the fetcher before a claim (`wait`) and by the maintenance thread.
+///
+/// When the fetcher's call returns, the rows are aged to at least the clock's time at the call:
+/// the update that became due by then has committed, whichever thread ran it. So the fetcher
+/// waits for an update in flight in the maintenance thread, which may have taken the turn of
+/// the clock's latest move, rather than claim past it with the priorities of an `every` ago
+/// (the maintenance thread, for which an update in flight will do, never waits). An update's
+/// `tasq_now()` is read after the `now` that made it due, so it is never earlier.
+pub(super) fn age_if_due(store: &PgStore, wait: bool) {
     let Some(aging) = store.registry.aging else {
         return;
     };
-    let now = store.clock.now();
     {
-        let mut next = store.next_aging.lock();
-        if next.is_some_and(|at| now < at) {
+        let mut turn = store.aging.lock();
+        while turn.running {
+            if !wait {
+                return;
+            }
+            store.aging_cv.wait(&mut turn);
+        }
+        let now = store.clock.now();
+        if turn.next.is_some_and(|at| now < at) {
             return;
         }
-        *next = Some(now.checked_add(aging.every()).unwrap_or(now));
+        turn.next = Some(now.checked_add(aging.every()).unwrap_or(now));
+        turn.running = true;
     }
+    // SQL never runs under the lock. The turn is handed back however this ends, a panic
+    // included: a fetcher waiting for it must not wait forever.
+    let mut turn = TurnEnd { store, aged: false };
     let ceiling = i32::from(aging.ceiling());
     let every_us = rows::micros(aging.every()).max(1);
     loop {
         match store.with_conn(|c| c.execute(AGE, &[&store.types, &ceiling, &every_us])) {
-            Ok(n) if n < 5000 => return,
-            Ok(_) => {}
-            Err(_) => {
-                // Tried again at the next claim or maintenance step.
-                *store.next_aging.lock() = None;
+            Ok(n) if n < 5000 => {
+                turn.aged = true;
                 return;
             }
+            Ok(_) => {}
+            // Due again at once: tried at the next claim or maintenance step.
+            Err(_) => return,
         }
+    }
+}
+
+/// Ends an aging turn when dropped: no update in flight any more (due again at once if this
+/// one did not finish), and the fetcher woken if it waits for the turn.
+struct TurnEnd<'a> {
+    store: &'a PgStore,
+    aged: bool,
+}
+
+impl Drop for TurnEnd<'_> {
+    fn drop(&mut self) {
+        let mut turn = self.store.aging.lock();
+        turn.running = false;
+        if !self.aged {
+            turn.next = None;
+        }
+        self.store.aging_cv.notify_all();
     }
 }

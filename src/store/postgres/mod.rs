@@ -22,13 +22,17 @@
 //!   handles, returns expired leases to `ready` (the reaper: at-least-once delivery), and deletes
 //!   finished rows past retention.
 //!
-//! Every time in a lease, a `run_at` or an age comes from the database's clock, never a
-//! client's: leases from `now()`, due times and ages from `tasq_now()`, which is `now()`, or,
-//! for a pool on a [`ManualClock`](crate::ManualClock), the database's time when that clock was
-//! made plus how far it moved (frozen in between), so tests move a durable pool's time as they
-//! move an embedded one's, and pools that share one manual clock share one `tasq_now()` (their
-//! gates and due times agree). Leases stay on real time: they measure whether a process is
-//! alive.
+//! Every time in a lease, a `run_at` or an age comes from the database's clock, never a client's:
+//! leases from `now()`, due times and ages from `tasq_now()`, which is `now()`, or, for a pool on a
+//! [`ManualClock`](crate::ManualClock), the database's time when that clock was made plus how far
+//! it moved (frozen in between), so tests move a durable pool's time as they move an embedded
+//! one's, and pools that share one manual clock share one `tasq_now()` (their gates and due times
+//! agree). That time reaches SQL as the session setting `tasq.manual_now_us`, set on a connection
+//! each time the store takes it from the pool (and for the store's statements in a caller's
+//! transaction), never left from an earlier use: a statement reads the clock's time as it started,
+//! except a run's ending (its retry's due time, its breaker's verdict), written at the time the run
+//! ended, as the embedded store writes it. Leases stay on real time: they measure whether a process
+//! is alive.
 //!
 //! # Threads and locks
 //!
@@ -256,8 +260,10 @@ pub(crate) struct PgStore {
     events: Events,
     /// The limits and breakers of the pool's types; `None`: it claims with the plain statement.
     gates: Option<gates::Gates>,
-    /// When the next aging update is due, on the pool's clock (`None`: at once).
-    next_aging: Mutex<Option<Instant>>,
+    /// When the next aging update is due, and whether one is in flight (see `gates::age_if_due`).
+    aging: Mutex<gates::AgingTurn>,
+    /// The fetcher waits here for an aging update in flight in the maintenance thread.
+    aging_cv: Condvar,
 }
 
 impl PgStore {
@@ -348,7 +354,8 @@ impl PgStore {
             threads: Mutex::new(Vec::new()),
             events,
             gates,
-            next_aging: Mutex::new(None),
+            aging: Mutex::new(gates::AgingTurn::default()),
+            aging_cv: Condvar::new(),
         });
         if let Some(gates) = &store.gates {
             // The rows every process shares: made by the first pool that uses them.
@@ -405,14 +412,28 @@ impl PgStore {
 
     /// Runs `f` on a connection; a database error is returned as text. A transaction that the
     /// server chose as a deadlock's victim is run again (twice at most): it did nothing.
+    ///
+    /// With a manual clock, `tasq_now()` is the clock's time as each attempt starts.
     fn with_conn<R>(
         &self,
+        f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
+    ) -> Result<R, String> {
+        self.with_conn_at(None, f)
+    }
+
+    /// As [`with_conn`](PgStore::with_conn), with `tasq_now()` at `at`, a time read earlier
+    /// from a manual clock by [`manual_now_us`](PgStore::manual_now_us) (`None`: the clock's
+    /// time as each attempt starts). For writes whose times belong to an earlier moment than
+    /// their statement's: a run's ending is stamped with the time the run ended.
+    fn with_conn_at<R>(
+        &self,
+        at: Option<i64>,
         mut f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let error = match self.try_with_conn(&mut f) {
+            let error = match self.try_with_conn(at, &mut f) {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
@@ -428,18 +449,65 @@ impl PgStore {
 
     fn try_with_conn<R>(
         &self,
+        at: Option<i64>,
         f: &mut impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, StoreFailure> {
         let mut conn = self.conn().map_err(StoreFailure::Connect)?;
-        if let (Some(base), Some(offset)) = (self.manual_base_us, self.clock.manual_offset()) {
-            // A manual clock sets `tasq_now()` on this connection (a test's pool only).
-            let now = base.saturating_add(rows::micros(offset));
+        // A manual clock sets `tasq_now()` on this connection (a test's pool only), after the
+        // checkout: the setting a connection kept from its last use is stale.
+        if let Some(now) = at.or_else(|| self.manual_now_us()) {
             let set = format!("SET tasq.manual_now_us = '{now}'");
             conn.client()
                 .batch_execute(&set)
                 .map_err(StoreFailure::Db)?;
         }
         f(&mut conn).map_err(StoreFailure::Db)
+    }
+
+    /// With a manual clock, its time now as `tasq_now()` reads it: microseconds since the
+    /// epoch, on the database's time line (`None` on the system clock).
+    fn manual_now_us(&self) -> Option<i64> {
+        let (base, offset) = (self.manual_base_us?, self.clock.manual_offset()?);
+        Some(base.saturating_add(rows::micros(offset)))
+    }
+
+    /// Gives the statements that follow in a caller's transaction (`submit_in`, `succeed_in`)
+    /// the pool's `tasq_now()`: with a manual clock, sets its time until the transaction ends
+    /// (`set_config(.., true)`) and returns the caller's value, for
+    /// [`restore_callers_now`](PgStore::restore_callers_now). Run inside a savepoint: if that
+    /// rolls back, so does the setting.
+    fn set_callers_now(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+    ) -> Result<Option<String>, postgres::Error> {
+        let Some(now) = self.manual_now_us() else {
+            return Ok(None);
+        };
+        let callers: Option<String> = tx
+            .query_one("SELECT current_setting('tasq.manual_now_us', true)", &[])?
+            .get(0);
+        tx.execute(
+            "SELECT set_config('tasq.manual_now_us', $1, true)",
+            &[&now.to_string()],
+        )?;
+        // Unset and empty read alike (see `tasq_now()`).
+        Ok(Some(callers.unwrap_or_default()))
+    }
+
+    /// Puts back the caller's value of the setting that
+    /// [`set_callers_now`](PgStore::set_callers_now) replaced, so the rest of the caller's
+    /// transaction reads its own `tasq_now()` again.
+    fn restore_callers_now(
+        tx: &mut postgres::Transaction<'_>,
+        callers: Option<String>,
+    ) -> Result<(), postgres::Error> {
+        if let Some(value) = callers {
+            tx.execute(
+                "SELECT set_config('tasq.manual_now_us', $1, true)",
+                &[&value],
+            )?;
+        }
+        Ok(())
     }
 
     /// The codec of registered type `type_index` (every type of a durable pool has one: the
@@ -945,20 +1013,18 @@ impl Store for PgStore {
         let (payload, delay) = self.prepare(&task)?;
         let insert = self.insert_parts(task.type_index, task.priority, task.key, &payload, delay);
         // A savepoint: a refusal leaves the caller's transaction as it was.
-        let mut savepoint = tx
-            .savepoint("tasq_submit")
-            .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
+        let store_error = |e: postgres::Error| SubmitErrorKind::Store(conn::describe(&e));
+        let mut savepoint = tx.savepoint("tasq_submit").map_err(store_error)?;
+        let callers_now = self.set_callers_now(&mut savepoint).map_err(store_error)?;
         let inserted = insert_task(&mut savepoint, self.queue, &insert, task.dependencies)
-            .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
+            .map_err(store_error)?;
         let row = inserted?;
         if due_now(row, delay) {
             // Delivered when (and if) the caller commits.
-            notify(&mut savepoint, "ready")
-                .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
+            notify(&mut savepoint, "ready").map_err(store_error)?;
         }
-        savepoint
-            .commit()
-            .map_err(|e| SubmitErrorKind::Store(conn::describe(&e)))?;
+        Self::restore_callers_now(&mut savepoint, callers_now).map_err(store_error)?;
+        savepoint.commit().map_err(store_error)?;
         Ok(self.id(row.0))
     }
 
@@ -973,6 +1039,7 @@ impl Store for PgStore {
             return Ok(false);
         };
         let mut savepoint = tx.savepoint("tasq_succeed")?;
+        let callers_now = self.set_callers_now(&mut savepoint)?;
         let ending = dispatch::Ending::Succeeded(output, Box::new(()));
         let written = dispatch::write_ending_tx(
             &mut savepoint,
@@ -981,6 +1048,7 @@ impl Store for PgStore {
             &ending,
             self.max_dead_letters(),
         )?;
+        Self::restore_callers_now(&mut savepoint, callers_now)?;
         savepoint.commit()?;
         Ok(written.is_some_and(|(state, _)| state == TaskState::Succeeded))
     }
@@ -1463,7 +1531,8 @@ impl Store for PgStore {
         if let Some(lease) = lease {
             let failure =
                 crate::task::Failure::new(crate::task::FailureReason::Panicked, 0, message, None);
-            self.finish(seq, lease, dispatch::Ending::Failed(failure));
+            let now = self.manual_now_us();
+            self.finish(seq, lease, dispatch::Ending::Failed(failure), now);
         }
     }
 
