@@ -6,33 +6,14 @@ mod support_store;
 use std::collections::HashMap;
 use std::panic;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use support_store::{GATE, Gate, Store, TestBuilder, TestPool, finish, settle_retention};
+use support_store::{
+    EXPECTED, GATE, Gate, Store, TestBuilder, TestPool, finish, settle_retention,
+    silence_expected_panics,
+};
 use tasq::{FailureReason, HandlerError, Outcome, ResubmitError, RetryPolicy, TaskState, TaskType};
-
-/// Panics whose message contains this are expected: the hook keeps them off the test output.
-const EXPECTED: &str = "[expected panic]";
-
-/// Installs, once per test binary, a panic hook that silences the expected panics and hands every
-/// other panic (a failing assertion) to the default hook.
-fn silence_expected_panics() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let default = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-            if !message.is_some_and(|m| m.contains(EXPECTED)) {
-                default(info);
-            }
-        }));
-    });
-}
 
 /// What a `JOB` task does when it runs.
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]

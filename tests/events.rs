@@ -8,37 +8,17 @@ mod support_store;
 use std::collections::{HashMap, HashSet};
 use std::panic;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Once, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use support_store::{GATE, Gate, HANG_GUARD, Store, TestBuilder, TestPool, finish};
+use support_store::{
+    EXPECTED, GATE, Gate, HANG_GUARD, Store, TestBuilder, TestPool, finish, silence_expected_panics,
+};
 use tasq::{
     Event, FailureReason, HandlerError, Outcome, Pool, RetryPolicy, TaskHandle, TaskId, TaskType,
 };
-
-/// Panics whose message contains this are expected: the panic hook keeps them off the output.
-const EXPECTED: &str = "[expected panic]";
-
-/// Installs, once per test binary, a panic hook that silences the expected panics and hands
-/// every other panic (a failing assertion) to the default hook.
-fn silence_expected_panics() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let default = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-            if !message.is_some_and(|m| m.contains(EXPECTED)) {
-                default(info);
-            }
-        }));
-    });
-}
 
 /// What a `JOB` task does when it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -7,34 +7,13 @@ mod support_store;
 
 use std::collections::{HashMap, HashSet};
 use std::panic;
-use std::sync::Once;
 use std::time::Duration;
 
-use support_store::{TestBuilder, finish};
+use support_store::{EXPECTED, TestBuilder, finish, silence_expected_panics};
 use tasq::{
     Aging, Breaker, BuildError, FailureReason, HandlerError, Metrics, Outcome, Pool, RateLimit,
     RetryPolicy, TaskType, TypeOptions,
 };
-
-/// Panics whose message contains this are expected: the panic hook keeps them off the output.
-const EXPECTED: &str = "[expected panic]";
-
-fn silence_expected_panics() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let default = panic::take_hook();
-        panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-            if !message.is_some_and(|m| m.contains(EXPECTED)) {
-                default(info);
-            }
-        }));
-    });
-}
 
 /// What a task does when it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -26,6 +26,29 @@ use tasq::{
 #[path = "../support_pg/mod.rs"]
 mod support_pg;
 
+/// Panics whose message contains this are expected: [`silence_expected_panics`] keeps them
+/// off the test output.
+pub const EXPECTED: &str = "[expected panic]";
+
+/// Installs, once per test binary, a panic hook that silences the expected panics and hands
+/// every other panic (a failing assertion) to the default hook.
+pub fn silence_expected_panics() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+            if !message.is_some_and(|m| m.contains(EXPECTED)) {
+                default(info);
+            }
+        }));
+    });
+}
+
 /// How long a test waits for something that should happen soon before it fails instead of
 /// hanging. Never slept: only a bound on waits for signals.
 pub const HANG_GUARD: Duration = Duration::from_secs(20);
