@@ -1071,7 +1071,6 @@ impl<S> Builder<S> {
     }
 }
 
-/// The retry cap is added to the current time for every retry: it must not overflow.
 /// A new pool id, unique within the process (ids start at 1).
 fn next_pool_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -1114,11 +1113,9 @@ fn check_duration(duration: Duration, what: &'static str) -> Result<(), BuildErr
     }
 }
 
+/// The retry cap is added to the current time for every retry: it must not overflow.
 fn check_cap(policy: &RetryPolicy) -> Result<(), BuildError> {
-    match Instant::now().checked_add(policy.cap()) {
-        Some(_) => Ok(()),
-        None => Err(BuildError::DurationOverflow("the retry cap")),
-    }
+    check_duration(policy.cap(), "the retry cap")
 }
 
 impl Default for Builder<Embedded> {
