@@ -163,15 +163,19 @@ impl Monitor {
         RunKey(key)
     }
 
-    /// A timed run returned; whether its timeout fired first.
+    /// A timed run returned; whether it timed out: its token fired, or it returned at or past
+    /// its timeout before this thread got to fire it (a late wake-up, a busy machine, a manual
+    /// clock moved past the timeout while the handler ran). How long a run took decides, not
+    /// when this thread woke.
     pub(crate) fn end(&self, key: RunKey) -> bool {
+        let now = self.clock.now();
         let mut state = self.state.lock();
         match state.runs.remove(&key.0) {
             Some(run) => {
                 if run.stuck {
                     state.stuck -= 1;
                 }
-                run.fired
+                run.fired || now.saturating_duration_since(run.started) >= run.timeout
             }
             None => false,
         }
@@ -238,19 +242,17 @@ impl Monitor {
                 let Some(store) = store.upgrade() else {
                     return;
                 };
-                let stats = store.stats();
-                let types = if alerts.need_types() {
-                    store.type_stats()
-                } else {
-                    Vec::new()
-                };
+                // Unread (the database away): no alert changes until the next check.
+                let backlog = store.backlog(alerts.need_types());
                 drop(store);
-                for (alert, value, raised) in alerts.check(&stats, &types) {
-                    self.events.emit(if raised {
-                        Event::AlertRaised { alert, value }
-                    } else {
-                        Event::AlertCleared { alert, value }
-                    });
+                if let Some((stats, types)) = backlog {
+                    for (alert, value, raised) in alerts.check(&stats, &types) {
+                        self.events.emit(if raised {
+                            Event::AlertRaised { alert, value }
+                        } else {
+                            Event::AlertCleared { alert, value }
+                        });
+                    }
                 }
                 next_check = now.checked_add(self.interval);
             }

@@ -503,8 +503,9 @@ pub enum FailureReason {
     /// The durable store: the last attempt's lease expired before its worker finished it (the
     /// worker's process died or stalled), so no attempt is left to run it again.
     LeaseExpired,
-    /// Every allowed attempt ran past its type's timeout
-    /// ([`TypeOptions::timeout`](crate::TypeOptions::timeout)), the last one included.
+    /// The last allowed attempt ran past its type's timeout
+    /// ([`TypeOptions::timeout`](crate::TypeOptions::timeout)); earlier attempts may have
+    /// failed for other reasons.
     TimedOut,
 }
 

@@ -3,8 +3,8 @@
 //!
 //! The worst bugs found so far were interactions that no single-feature test reached (issue 7,
 //! item 0: retention forgot a cancelled blocked task that a pending dependency still listed, and
-//! every worker died). So one producer submits hundreds of thousands of tasks of three types
-//! (three, five and one attempts), each chosen at random: succeeding, failing retryably a few
+//! every worker died). So one producer submits hundreds of thousands of tasks of seven types,
+//! each chosen at random: succeeding, failing retryably a few
 //! times then succeeding, exhausting its retries, failing permanently, failing permanently only on
 //! its first run ever (so resubmitting it succeeds), panicking, sleeping on its token, or
 //! submitting a follow-up task from its handler (`Context::submit`); half the retryable failures
@@ -22,6 +22,19 @@
 //! while more than a few thousand tasks are queued, so that delays, dependencies and cancels meet
 //! a live pool rather than a queue a million deep.
 //!
+//! The mitigations are in the mix too (issue 9), on four of the seven types: `soak-guarded`
+//! calls a downstream with a circuit breaker (a small threshold, a short cool-down) and has a
+//! concurrency limit; `soak-limited` has a concurrency limit of 2; `soak-rated` a rate limit
+//! (generous, so the run does not stall, but the producer now and then submits a burst of one
+//! limited or rated type so that the limits bind); `soak-timed` has a timeout and calls the same
+//! downstream, and some of its handlers overrun it: sleeping on their token (returning an error,
+//! or `Ok`, once it fires), overrunning only their first attempt, or ignoring the token past the
+//! grace (`Builder::stuck_after`, small). The producer starts "outages" of the downstream now
+//! and then: while one lasts, the guarded and timed handlers fail retryably, and the breaker
+//! opens, probes and closes. The pool ages its ready tasks (`Builder::aging`), checks three
+//! alerts, and has two `on_event` hooks: one records every event, the other now and then calls
+//! back into the pool (`stats`, `status` of a dead letter).
+//!
 //! Two tests: `count_retention` runs on the system clock with a retention of 16–64 records and
 //! no age limit; `age_retention_on_a_manual_clock` runs on a `ManualClock` that a thread keeps
 //! advancing (and now and then jumps past the age limit), with an age limit of 20 ms of pool time,
@@ -33,8 +46,11 @@
 //! failure; a watchdog turns any other hang into a failure too); every handle of one id (clones,
 //! deduplicated submits, `pool.handle`) gives the same outcome, and a duplicate's id is one of
 //! the tasks that held its key; each outcome fits what the handler was told to do and how many
-//! attempts it saw; attempts never exceed the type's limit; a task cancelled before it started
-//! never started afterwards; a dependent never started before every dependency's handler had
+//! attempts it saw (an outage's runs shift its attempts; on the timed type a run the pool timed
+//! out may add attempts, never more than the pool counted timeouts); attempts never exceed the
+//! type's limit and none is skipped or repeated (a task held by a gate burns none); a task
+//! cancelled before it started never started afterwards; a dependent never started before every
+//! dependency's handler had
 //! returned `Ok` and every dependency succeeded, and a task cancelled because of a dependency
 //! never ran; the totals balance (submitted = succeeded + failed + cancelled), match the handles
 //! and the shutdown report; the tasks the report calls interrupted ran and ended cancelled; the
@@ -42,6 +58,18 @@
 //! every refusal of a resubmit fits; `stats().workers` never dropped below the configured count
 //! while the run lasted and `totals.worker_panics` stayed 0; the pool never forgot an unfinished
 //! task; and the engine's own `check_invariants` holds every 10,000 submits and at the end.
+//!
+//! And of the mitigations: no more tasks of a limited type ever ran at once than its limit (a
+//! counter in the handler); the rated type's starts (handler timestamps on the pool's clock)
+//! never exceeded `burst + rate × t` over any window, give or take one task per worker between
+//! the gate and the handler; a run whose token fired without a cancel, or that lasted its
+//! timeout on the pool's clock, never counts as the task's success: the task ends `TimedOut`,
+//! succeeds on a later attempt or is cancelled; every task that ended failed was reported by exactly one `DeadLetter` event with
+//! its type, reason, attempts and error, and no other task was; each downstream's breaker events
+//! form a path of its state machine and end in the state `stats()` shows; each alert's events
+//! alternate raised, cleared (each value on the right side of its threshold); `Stuck` events
+//! name timed runs past their timeout and grace, once each, and `stats().stuck` is 0 at the
+//! end; the runs the metrics count per type are the runs the handlers saw.
 //!
 //! `TASQ_SOAK_TASKS` sets the number of tasks per test (default 300,000); `TASQ_SOAK_SEED`
 //! replays a run (the seed is printed, and named in every failure; each task's choices come from
@@ -56,16 +84,17 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use tasq::{
-    CancelError, CancelOutcome, CancelReason, Context, FailureReason, HandlerError, ManualClock,
-    Outcome, Pool, ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, TaskHandle, TaskId,
-    TaskState, TaskType, TypeOptions,
+    Aging, Alert, AlertValue, Breaker, BreakerState, CancelError, CancelOutcome, CancelReason,
+    Context, Event, FailureReason, HandlerError, ManualClock, Outcome, Pool, RateLimit,
+    ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, TaskHandle, TaskId, TaskState,
+    TaskType, TypeOptions,
 };
 
 const PANIC_MARKER: &str = "tasq soak: expected panic";
@@ -79,6 +108,51 @@ const PATIENT_ATTEMPTS: u32 = 5;
 /// One attempt: any error dead-letters it.
 const ONCE: TaskType<Job, u64> = TaskType::new("soak-once");
 const ONCE_ATTEMPTS: u32 = 1;
+/// Calls [`DOWNSTREAM`] (its breaker holds it back while open), at most [`GUARDED_LIMIT`] at once.
+const GUARDED: TaskType<Job, u64> = TaskType::new("soak-guarded");
+const GUARDED_ATTEMPTS: u32 = 4;
+const GUARDED_LIMIT: u32 = 3;
+/// At most [`LIMITED_LIMIT`] at once.
+const LIMITED: TaskType<Job, u64> = TaskType::new("soak-limited");
+const LIMITED_LIMIT: u32 = 2;
+/// At most `RATED_BURST + RATED_PER_SECOND × t` starts over any stretch `t`.
+const RATED: TaskType<Job, u64> = TaskType::new("soak-rated");
+const RATED_ATTEMPTS: u32 = 2;
+const RATED_PER_SECOND: f64 = 10_000.0;
+const RATED_BURST: u32 = 8;
+/// Runs time out after [`TIMEOUT`]; also calls [`DOWNSTREAM`] (a timeout is a failure for its
+/// breaker).
+const TIMED: TaskType<Job, u64> = TaskType::new("soak-timed");
+const TIMED_ATTEMPTS: u32 = 3;
+const TIMEOUT: Duration = Duration::from_millis(1);
+/// `Builder::stuck_after`: a handler still running this long past its timeout is stuck.
+const STUCK_AFTER: Duration = Duration::from_millis(1);
+/// How long past its timeout and grace a `Stubborn` handler ignores its token.
+const STUBBORN_EXTRA: Duration = Duration::from_millis(1);
+
+/// The downstream [`GUARDED`] and [`TIMED`] call: its breaker opens after a few failures in a
+/// row and probes again soon.
+const DOWNSTREAM: &str = "soak-downstream";
+const BREAKER: Breaker = Breaker::new(3, Duration::from_millis(1));
+/// What a guarded handler returns while the downstream is out.
+const OUTAGE_ERROR: &str = "downstream outage";
+
+/// Aging: a ready task gains a level per millisecond waited, up to the priorities most tasks
+/// use (0–3).
+const AGING: Aging = Aging::new(Duration::from_millis(1), 3);
+/// How often the monitor checks the alerts (on the pool's clock; a check of a per-type alert
+/// reads every record under the pool's lock).
+const MONITOR_INTERVAL: Duration = Duration::from_millis(25);
+/// The alerts: the whole backlog's depth (the producer keeps it near `BACKLOG`), the age of the
+/// guarded tasks an open breaker holds, the depth of priority 0.
+const ALERTS: [Alert; 3] = [
+    Alert::ready_depth(ALERT_DEPTH),
+    Alert::oldest_ready(ALERT_AGE).task_type(GUARDED.name()),
+    Alert::ready_depth(ALERT_DEPTH_P0).priority(0),
+];
+const ALERT_DEPTH: usize = 3000;
+const ALERT_AGE: Duration = Duration::from_millis(5);
+const ALERT_DEPTH_P0: usize = 500;
 
 /// How long the end of the run waits for one unfinished handle before calling it a hang.
 const HANDLE_WAIT: Duration = Duration::from_secs(30);
@@ -117,22 +191,85 @@ enum Ty {
     Fast,
     Patient,
     Once,
+    Guarded,
+    Limited,
+    Rated,
+    Timed,
 }
 
 impl Ty {
+    const ALL: [Ty; 7] = [
+        Ty::Fast,
+        Ty::Patient,
+        Ty::Once,
+        Ty::Guarded,
+        Ty::Limited,
+        Ty::Rated,
+        Ty::Timed,
+    ];
+
     fn task_type(self) -> TaskType<Job, u64> {
         match self {
             Ty::Fast => FAST,
             Ty::Patient => PATIENT,
             Ty::Once => ONCE,
+            Ty::Guarded => GUARDED,
+            Ty::Limited => LIMITED,
+            Ty::Rated => RATED,
+            Ty::Timed => TIMED,
         }
     }
 
     fn limit(self) -> u32 {
         match self {
-            Ty::Fast => FAST_ATTEMPTS,
+            Ty::Fast | Ty::Limited => FAST_ATTEMPTS,
             Ty::Patient => PATIENT_ATTEMPTS,
             Ty::Once => ONCE_ATTEMPTS,
+            Ty::Guarded => GUARDED_ATTEMPTS,
+            Ty::Rated => RATED_ATTEMPTS,
+            Ty::Timed => TIMED_ATTEMPTS,
+        }
+    }
+
+    /// How many of its tasks may run at once.
+    fn concurrency(self) -> Option<u32> {
+        match self {
+            Ty::Guarded => Some(GUARDED_LIMIT),
+            Ty::Limited => Some(LIMITED_LIMIT),
+            _ => None,
+        }
+    }
+
+    /// Whether its handler calls the downstream (and fails during an outage).
+    fn calls_downstream(self) -> bool {
+        matches!(self, Ty::Guarded | Ty::Timed)
+    }
+
+    fn index(self) -> usize {
+        Ty::ALL.iter().position(|&t| t == self).expect("in ALL")
+    }
+
+    /// Another type (for resubmits with the wrong one).
+    fn other(self) -> Ty {
+        Ty::ALL[(self.index() + 1) % Ty::ALL.len()]
+    }
+
+    fn options(self) -> TypeOptions {
+        let options = TypeOptions::new().max_attempts(self.limit());
+        match self {
+            Ty::Fast | Ty::Once => options,
+            Ty::Patient => options.retry_policy(RetryPolicy::exponential(
+                Duration::from_micros(10),
+                Duration::from_micros(200),
+            )),
+            Ty::Guarded => options
+                .downstream(DOWNSTREAM)
+                .concurrency_limit(GUARDED_LIMIT),
+            Ty::Limited => options.concurrency_limit(LIMITED_LIMIT),
+            Ty::Rated => {
+                options.rate_limit(RateLimit::per_second(RATED_PER_SECOND).with_burst(RATED_BURST))
+            }
+            Ty::Timed => options.timeout(TIMEOUT).downstream(DOWNSTREAM),
         }
     }
 }
@@ -154,6 +291,15 @@ enum Kind {
     Slow(u32),
     /// Submits a follow-up task (a `Succeed` of the same type) from its handler, then succeeds.
     Spawn,
+    /// (Timed only.) Sleeps three timeouts on its token; a retryable error once it fires.
+    Overrun,
+    /// (Timed only.) Sleeps three timeouts on its token, then returns `Ok` whether it fired or not.
+    OverrunOk,
+    /// (Timed only.) As `Overrun` on its first attempt; succeeds at once on the others.
+    OverrunOnce,
+    /// (Timed only.) On its first attempt ignores its token until past the timeout and the
+    /// grace (`STUCK_AFTER`), then returns `Ok`; succeeds at once on the others.
+    Stubborn,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,14 +315,20 @@ impl Job {
     }
 }
 
-fn make_job(rng: &mut Rng, seq: u64) -> Job {
-    let ty = match rng.below(100) {
-        0..50 => Ty::Fast,
-        50..85 => Ty::Patient,
-        _ => Ty::Once,
+/// A task's type and what its handler does; `burst` forces the type.
+fn make_job(rng: &mut Rng, seq: u64, burst: Option<Ty>) -> Job {
+    let drawn = match rng.below(100) {
+        0..42 => Ty::Fast,
+        42..70 => Ty::Patient,
+        70..82 => Ty::Once,
+        82..89 => Ty::Guarded,
+        89..94 => Ty::Limited,
+        94..98 => Ty::Rated,
+        _ => Ty::Timed,
     };
+    let ty = burst.unwrap_or(drawn);
     let limit = ty.limit();
-    let kind = match rng.below(1000) {
+    let mut kind = match rng.below(1000) {
         700..820 if limit > 1 => Kind::Transient(1 + rng.below(u64::from(limit - 1)) as u32),
         820..850 => Kind::Exhaust,
         850..885 => Kind::Permanent,
@@ -186,6 +338,17 @@ fn make_job(rng: &mut Rng, seq: u64) -> Job {
         650..700 => Kind::Spawn,
         _ => Kind::Succeed,
     };
+    if ty == Ty::Timed {
+        kind = match rng.below(100) {
+            0..2 => Kind::Overrun,
+            2..4 => Kind::OverrunOk,
+            4..6 => Kind::OverrunOnce,
+            6..8 => Kind::Stubborn,
+            // A run the pool times out may run again: its second run would succeed.
+            _ if kind == Kind::PermanentOnce => Kind::Permanent,
+            _ => kind,
+        };
+    }
     Job { seq, ty, kind }
 }
 
@@ -204,6 +367,36 @@ struct Runs {
     last_ok: Option<u64>,
     /// A handler of this task saw its token fire.
     saw_token: bool,
+    /// The last run's handler saw its token fire (before it returned).
+    last_token: bool,
+    /// Runs whose handler saw its token fire.
+    token_runs: u32,
+    /// Runs that failed because the downstream was out.
+    outages: u32,
+    /// The last run was one of those.
+    last_outage: bool,
+    /// The last run (of the timed type) returned after its timeout on the pool's clock, its
+    /// token not fired yet.
+    last_late: bool,
+    /// A run of this task was the first run ever of its `PermanentOnce` payload (usually the
+    /// first task's; a resubmit's if an outage failed every run of the first).
+    first_ever: bool,
+}
+
+impl Runs {
+    /// Whether the last run returned `Ok` (runs of one task never overlap).
+    fn last_returned_ok(&self) -> bool {
+        self.last_ok.is_some_and(|ok| ok > self.last_start)
+    }
+}
+
+/// How one run went, for [`Recorder::returned`].
+struct Returned {
+    ok: bool,
+    saw_token: bool,
+    outage: bool,
+    late: bool,
+    first_ever: bool,
 }
 
 /// The handlers' log, sharded to keep the workers from queueing on one lock, with a logical
@@ -215,15 +408,40 @@ struct Recorder {
     ran_once: Vec<AtomicBool>,
     /// The tasks `Spawn` handlers submitted.
     follow_ups: Mutex<Vec<(Job, TaskHandle<u64>)>>,
+    /// The pool's clock.
+    pool_clock: TestClock,
+    /// The downstream is out: guarded and timed handlers fail (set by the producer).
+    outage: AtomicBool,
+    /// Per type (`Ty::index`): handlers running now, the most ever at once, handler runs.
+    running: [AtomicU32; Ty::ALL.len()],
+    most: [AtomicU32; Ty::ALL.len()],
+    type_runs: [AtomicU64; Ty::ALL.len()],
+    /// When each rated handler started, on the pool's clock.
+    rated_starts: Mutex<Vec<Instant>>,
+}
+
+/// Counts a handler of a type as running until dropped (a panicking one too).
+struct RunningGuard<'a>(&'a AtomicU32);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Recorder {
-    fn new(tasks: u64) -> Self {
+    fn new(tasks: u64, pool_clock: TestClock) -> Self {
         Recorder {
             shards: (0..64).map(|_| Mutex::new(IdMap::default())).collect(),
             clock: AtomicU64::new(1),
             ran_once: (0..tasks).map(|_| AtomicBool::new(false)).collect(),
             follow_ups: Mutex::new(Vec::new()),
+            pool_clock,
+            outage: AtomicBool::new(false),
+            running: Default::default(),
+            most: Default::default(),
+            type_runs: Default::default(),
+            rated_starts: Mutex::new(Vec::new()),
         }
     }
 
@@ -236,7 +454,17 @@ impl Recorder {
         &self.shards[(IdBuild::default().hash_one(id) >> 58) as usize]
     }
 
-    fn start(&self, id: TaskId, attempt: u32) {
+    /// A handler of `ty` starts: counted running, and its most at once.
+    fn enter(&self, ty: Ty) -> RunningGuard<'_> {
+        let index = ty.index();
+        self.type_runs[index].fetch_add(1, Ordering::Relaxed);
+        let now = self.running[index].fetch_add(1, Ordering::SeqCst) + 1;
+        self.most[index].fetch_max(now, Ordering::SeqCst);
+        RunningGuard(&self.running[index])
+    }
+
+    /// A run starts; returns the outages of the task's runs before it.
+    fn start(&self, id: TaskId, attempt: u32) -> u32 {
         let now = self.tick();
         let mut shard = self.shard(id).lock().unwrap();
         let runs = shard.entry(id).or_insert(Runs {
@@ -246,19 +474,36 @@ impl Recorder {
             last_start: now,
             last_ok: None,
             saw_token: false,
+            last_token: false,
+            token_runs: 0,
+            outages: 0,
+            last_outage: false,
+            last_late: false,
+            first_ever: false,
         });
         runs.runs += 1;
         runs.max_attempt = runs.max_attempt.max(attempt);
         runs.last_start = now;
+        // A run that panics never reports its return: it leaves these as a panic would.
+        runs.last_token = false;
+        runs.last_outage = false;
+        runs.last_late = false;
+        runs.outages
     }
 
-    fn returned(&self, id: TaskId, ok: bool, saw_token: bool) {
+    fn returned(&self, id: TaskId, run: Returned) {
         let now = self.tick();
         if let Some(runs) = self.shard(id).lock().unwrap().get_mut(&id) {
-            if ok {
+            if run.ok {
                 runs.last_ok = Some(now);
             }
-            runs.saw_token |= saw_token;
+            runs.saw_token |= run.saw_token;
+            runs.last_token = run.saw_token;
+            runs.token_runs += u32::from(run.saw_token);
+            runs.outages += u32::from(run.outage);
+            runs.last_outage = run.outage;
+            runs.last_late = run.late;
+            runs.first_ever |= run.first_ever;
         }
     }
 
@@ -268,11 +513,27 @@ impl Recorder {
 }
 
 fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError> {
-    recorder.start(ctx.id(), ctx.attempt());
+    // First thing: the rate limit's bound is on starts.
+    let started = recorder.pool_clock.now();
+    if job.ty == Ty::Rated {
+        recorder.rated_starts.lock().unwrap().push(started);
+    }
+    let _running = recorder.enter(job.ty);
+    let outages = recorder.start(ctx.id(), ctx.attempt());
+    let outage = job.ty.calls_downstream() && recorder.outage.load(Ordering::SeqCst);
+    // The attempt as the job's kind counts it: an outage's runs do not count.
+    let attempt = ctx.attempt() - outages;
+    let overrun = |ok_anyway: bool| match ctx.sleep(TIMEOUT * 3) {
+        Ok(()) => Ok(job.output()),
+        Err(tasq::Cancelled) if ok_anyway => Ok(job.output()),
+        Err(tasq::Cancelled) => Err(HandlerError::retryable("interrupted")),
+    };
+    let mut first_ever = false;
     let result = match job.kind {
+        _ if outage => Err(HandlerError::retryable(OUTAGE_ERROR)),
         Kind::Succeed => Ok(job.output()),
-        Kind::Transient(fails) if ctx.attempt() <= fails => {
-            let error = HandlerError::retryable(format!("transient failure {}", ctx.attempt()));
+        Kind::Transient(fails) if attempt <= fails => {
+            let error = HandlerError::retryable(format!("transient failure {attempt}"));
             // Half of them ask for their own retry delay, as a `Retry-After` would.
             if job.seq % 2 == 1 {
                 Err(error.retry_after(Duration::from_micros(30)))
@@ -287,6 +548,7 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
             if recorder.ran_once[job.seq as usize].swap(true, Ordering::SeqCst) {
                 Ok(job.output())
             } else {
+                first_ever = true;
                 Err(HandlerError::permanent("first run fails"))
             }
         }
@@ -310,8 +572,41 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
                 Err(e) => Err(HandlerError::permanent(format!("follow-up refused: {e}"))),
             }
         }
+        Kind::Overrun => overrun(false),
+        Kind::OverrunOk => overrun(true),
+        Kind::OverrunOnce if attempt == 1 => overrun(false),
+        Kind::Stubborn if attempt == 1 => {
+            // Ignores the token: polls the pool's clock (a manual one moves in steps).
+            let until = started + TIMEOUT + STUCK_AFTER + STUBBORN_EXTRA;
+            loop {
+                let now = recorder.pool_clock.now();
+                if now >= until {
+                    break;
+                }
+                match recorder.pool_clock {
+                    TestClock::System => thread::sleep(until - now),
+                    // The advancer's step.
+                    TestClock::Manual(_) => thread::sleep(Duration::from_micros(100)),
+                }
+            }
+            Ok(job.output())
+        }
+        Kind::OverrunOnce | Kind::Stubborn => Ok(job.output()),
     };
-    recorder.returned(ctx.id(), result.is_ok(), ctx.is_cancelled());
+    let saw_token = ctx.is_cancelled();
+    let late = job.ty == Ty::Timed
+        && !saw_token
+        && recorder.pool_clock.now().saturating_duration_since(started) >= TIMEOUT;
+    recorder.returned(
+        ctx.id(),
+        Returned {
+            ok: result.is_ok(),
+            saw_token,
+            outage,
+            late,
+            first_ever,
+        },
+    );
     result
 }
 
@@ -414,6 +709,58 @@ fn engine_invariants(pool: &Pool, when: &str, findings: &Findings) {
     );
     if let Some(Err(broken)) = result {
         findings.add("check_invariants failed", || format!("{when}: {broken}"));
+    }
+}
+
+// ===== the events =====
+
+/// What the `on_event` hooks saw: every event, in the order delivered; and what the hook that
+/// calls back into the pool found wrong there.
+#[derive(Default)]
+struct EventLog {
+    events: Mutex<Vec<Event>>,
+    callback_findings: Mutex<Vec<String>>,
+    callbacks: AtomicU64,
+}
+
+/// The hook that records every event.
+fn record_events(log: &Arc<EventLog>) -> impl FnMut(&Event) + Send + 'static {
+    let log = Arc::clone(log);
+    move |event: &Event| log.events.lock().unwrap().push(event.clone())
+}
+
+/// The hook that now and then calls back into the pool (a weak reference: the pool is built
+/// after its hooks): the status of a dead letter it hears of, and `stats()`.
+fn call_back(
+    log: &Arc<EventLog>,
+    pool: &Arc<OnceLock<Weak<Pool>>>,
+) -> impl FnMut(&Event) + Send + 'static {
+    let (log, pool) = (Arc::clone(log), Arc::clone(pool));
+    let mut heard: u64 = 0;
+    move |event: &Event| {
+        heard += 1;
+        if heard % 8 != 0 {
+            return;
+        }
+        let Some(pool) = pool.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        log.callbacks.fetch_add(1, Ordering::Relaxed);
+        let finding = match event {
+            // Ended failed: it stays so until retention forgets it.
+            Event::DeadLetter { id, .. } => match pool.status(*id) {
+                None | Some(TaskState::Failed) => None,
+                Some(other) => Some(format!("the dead letter {id} is {other} in status()")),
+            },
+            _ => {
+                let stats = pool.stats();
+                (stats.breakers.len() != 1 || stats.breakers[0].0 != DOWNSTREAM)
+                    .then(|| format!("stats().breakers from a hook: {:?}", stats.breakers))
+            }
+        };
+        if let Some(finding) = finding {
+            log.callback_findings.lock().unwrap().push(finding);
+        }
     }
 }
 
@@ -570,6 +917,10 @@ struct Counters {
     purged: u64,
     with_dependencies: u64,
     delayed: u64,
+    /// Outages of the downstream the producer started.
+    outages: u64,
+    /// Bursts of one limited or rated type.
+    bursts: u64,
 }
 
 /// The producer's results.
@@ -605,6 +956,10 @@ fn produce(
     // The dead-letter step's draws depend on what the pool lists: its own stream, so that they
     // do not shift the tasks' choices.
     let mut dead_rng = Rng(mix(cfg.seed ^ 0xDEAD));
+    // So do outages and bursts: they span many tasks.
+    let mut spans_rng = Rng(mix(cfg.seed ^ 0xB0257));
+    let mut outage_left: u64 = 0;
+    let mut burst: Option<(Ty, u64)> = None;
     let mut tasks: IdMap<Accepted> =
         IdMap::with_capacity_and_hasher(cfg.tasks as usize * 11 / 10, IdBuild::default());
     let mut extra_handles = Vec::new();
@@ -661,7 +1016,32 @@ fn produce(
             );
         }
 
-        let job = make_job(&mut rng, seq);
+        // The downstream goes out for a few hundred submits now and then: the guarded and
+        // timed handlers fail meanwhile, and the breaker opens, probes and closes.
+        if outage_left > 0 {
+            outage_left -= 1;
+            if outage_left == 0 {
+                sh.recorder.outage.store(false, Ordering::SeqCst);
+            }
+        } else if spans_rng.chance(1, 4000) {
+            outage_left = 100 + spans_rng.below(500);
+            c.outages += 1;
+            sh.recorder.outage.store(true, Ordering::SeqCst);
+        }
+        // A burst of one limited type, back to back: the limits bind.
+        let forced = match &mut burst {
+            Some((ty, left)) if *left > 0 => {
+                *left -= 1;
+                Some(*ty)
+            }
+            _ => None,
+        };
+        if forced.is_none() && spans_rng.chance(1, 1500) {
+            let ty = [Ty::Limited, Ty::Rated][spans_rng.below(2) as usize];
+            burst = Some((ty, 16 + spans_rng.below(48)));
+            c.bursts += 1;
+        }
+        let job = make_job(&mut rng, seq, forced);
         let mut task = job.ty.task_type().task(job);
         task = task.priority(match rng.below(20) {
             0 => u8::MAX,
@@ -712,7 +1092,7 @@ fn produce(
         let key = if rng.chance(6, 100) {
             Some(format!("{}-{}", job.ty.task_type().name(), rng.below(48)))
         } else if rng.chance(1, 200) {
-            // Shared by all three types: conflicts happen.
+            // Shared by every type: conflicts happen.
             Some(format!("shared-{}", rng.below(4)))
         } else {
             None
@@ -787,7 +1167,12 @@ fn produce(
                 }
                 if matches!(
                     job.kind,
-                    Kind::Exhaust | Kind::Permanent | Kind::PermanentOnce | Kind::Panic
+                    Kind::Exhaust
+                        | Kind::Permanent
+                        | Kind::PermanentOnce
+                        | Kind::Panic
+                        | Kind::Overrun
+                        | Kind::OverrunOk
                 ) {
                     push_ring(&mut failing, id, 64);
                 }
@@ -883,6 +1268,8 @@ fn produce(
         }
     }
     send_trigger(&mut shutdown_sent);
+    // The downstream is back for the drain.
+    sh.recorder.outage.store(false, Ordering::SeqCst);
     Produced {
         tasks,
         extra_handles,
@@ -934,7 +1321,7 @@ fn dead_letter_step(
     let (pool, findings) = (sh.pool, sh.findings);
     let target = if rng.chance(2, 3) {
         let listing = rng.below(3);
-        let ty = [Ty::Fast, Ty::Patient, Ty::Once][rng.below(3) as usize];
+        let ty = Ty::ALL[rng.below(Ty::ALL.len() as u64) as usize];
         let Some(letters) = guarded(
             findings,
             || "listing the dead letters".to_owned(),
@@ -957,13 +1344,22 @@ fn dead_letter_step(
             });
         }
         for letter in &letters {
+            let fits_job = |job: &Job, handle: &TaskHandle<u64>| {
+                job.ty.task_type().name() == letter.task_type
+                    && (listing != 1 || job.ty == ty)
+                    && handle.try_wait().is_some_and(|o| o.is_failed())
+            };
             let fits = match tasks.get(&letter.id) {
-                None => false,
-                Some(acc) => {
-                    acc.job.ty.task_type().name() == letter.task_type
-                        && (listing != 1 || acc.job.ty == ty)
-                        && acc.handle.try_wait().is_some_and(|o| o.is_failed())
-                }
+                // A handler's follow-up (the test learns of them at the end): an outage
+                // fails them too.
+                None => sh
+                    .recorder
+                    .follow_ups
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|(job, handle)| handle.id() == letter.id && fits_job(job, handle)),
+                Some(acc) => fits_job(&acc.job, &acc.handle),
             };
             if !fits || dead.gone.contains(&letter.id) {
                 findings.add("a listed dead letter that does not fit its task", || {
@@ -1043,15 +1439,7 @@ fn dead_letter_step(
 
     // Now and then with the wrong type: that must never be accepted.
     let wrong_type = rng.chance(1, 10);
-    let ty = if wrong_type {
-        match job.ty {
-            Ty::Fast => Ty::Patient,
-            Ty::Patient => Ty::Once,
-            Ty::Once => Ty::Fast,
-        }
-    } else {
-        job.ty
-    };
+    let ty = if wrong_type { job.ty.other() } else { job.ty };
     // Half the time, with the dependents its failure cancelled.
     let with_dependents = rng.chance(1, 2);
     let Some(result) = guarded(
@@ -1457,6 +1845,11 @@ fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64) {
             sh.findings
                 .add("more tasks running than workers", || format!("{stats:?}"));
         }
+        // Each holds a worker.
+        if stats.stuck > cfg.workers {
+            sh.findings
+                .add("more stuck handlers than workers", || format!("{stats:?}"));
+        }
         if stats.retained > cfg.retention_count + stats.dead_letters {
             sh.findings.add("more records retained than the limit", || {
                 format!("limit {}: {stats:?}", cfg.retention_count)
@@ -1535,7 +1928,9 @@ fn run(cfg: Config) {
     let last_stats = Arc::new(Mutex::new(String::from("(none yet)")));
     let watchdog = Watchdog::start(cfg.name, cfg.seed, watchdog_limit, Arc::clone(&last_stats));
     let findings = Findings::default();
-    let recorder = Arc::new(Recorder::new(cfg.tasks));
+    let recorder = Arc::new(Recorder::new(cfg.tasks, cfg.clock.clone()));
+    let events = Arc::new(EventLog::default());
+    let pool_slot: Arc<OnceLock<Weak<Pool>>> = Arc::new(OnceLock::new());
 
     let mut builder = Pool::builder()
         .workers(cfg.workers)
@@ -1548,7 +1943,16 @@ fn run(cfg: Config) {
         .retention(cfg.retention_count, cfg.max_age)
         .dead_letter_limit(cfg.dead_letter_limit)
         // One run keeps its handlers' panics off the hook by itself.
-        .quiet_panics(matches!(cfg.clock, TestClock::Manual(_)));
+        .quiet_panics(matches!(cfg.clock, TestClock::Manual(_)))
+        .breaker(DOWNSTREAM, BREAKER)
+        .aging(AGING)
+        .stuck_after(STUCK_AFTER)
+        .monitor_interval(MONITOR_INTERVAL)
+        .on_event(record_events(&events))
+        .on_event(call_back(&events, &pool_slot));
+    for alert in ALERTS {
+        builder = builder.alert(alert);
+    }
     if let TestClock::Manual(clock) = &cfg.clock {
         builder = builder.manual_clock(clock.clone());
     }
@@ -1556,26 +1960,15 @@ fn run(cfg: Config) {
         let recorder = Arc::clone(recorder);
         move |ctx: &Context, job: &Job| run_job(&recorder, ctx, job)
     };
-    let pool = builder
-        .register(FAST, handler(&recorder))
-        .register_with(
-            PATIENT,
-            TypeOptions::new()
-                .max_attempts(PATIENT_ATTEMPTS)
-                .retry_policy(RetryPolicy::exponential(
-                    Duration::from_micros(10),
-                    Duration::from_micros(200),
-                )),
-            handler(&recorder),
-        )
-        .register_with(
-            ONCE,
-            TypeOptions::new().max_attempts(ONCE_ATTEMPTS),
-            handler(&recorder),
-        )
-        .build()
-        .expect("the pool builds");
-    let pool = Arc::new(pool);
+    // The fast type takes the pool's defaults.
+    builder = builder.register(FAST, handler(&recorder));
+    for ty in Ty::ALL.into_iter().filter(|&ty| ty != Ty::Fast) {
+        builder = builder.register_with(ty.task_type(), ty.options(), handler(&recorder));
+    }
+    let pool = Arc::new(builder.build().expect("the pool builds"));
+    pool_slot
+        .set(Arc::downgrade(&pool))
+        .expect("the slot is set once");
 
     // The shutdown runs on its own thread, so that one that never returns is a finding, not a
     // hang of the test.
@@ -1686,6 +2079,7 @@ fn run(cfg: Config) {
         &canceller_handles,
         report.as_ref(),
         stats.as_ref(),
+        &events,
     );
     let check_time = checking.elapsed();
 
@@ -1774,6 +2168,7 @@ fn check(
     canceller_handles: &[(TaskId, TaskHandle<u64>)],
     report: Option<&ShutdownReport>,
     stats: Option<&tasq::Stats>,
+    events: &EventLog,
 ) -> String {
     // 1. Every handle returns a terminal outcome. One wait of HANDLE_WAIT at most: once one
     //    handle timed out, the others are only polled.
@@ -1924,11 +2319,20 @@ fn check(
         cancels_of.entry(record.id).or_default().push(record);
     }
     let deadline_reached = report.is_none_or(|r| r.deadline_reached);
+    // Timeouts the timed tasks' attempts and handlers account for (each at most the runs the
+    // pool timed out), and successes whose last run lasted its timeout on the pool's clock
+    // without its token firing (the monitor thread came late): each is a finding, as the pool
+    // times a run by its length, not by when the monitor woke.
+    let (mut timeouts_needed, mut late_successes) = (0u64, 0u64);
     for (&id, outcome) in &outcomes {
         let acc = &produced.tasks[&id];
         let job = acc.job;
         let limit = job.ty.limit();
+        let timed = job.ty == Ty::Timed;
         let runs = recorder.get(id);
+        // Runs of this task the pool must have timed out: attempts beyond what its handlers
+        // made necessary (timed type only).
+        let mut extra = 0;
         let context = || {
             format!(
                 "{id} {job:?} after {:?} (resubmit of {:?}): {outcome:?}; runs {runs:?}",
@@ -1939,10 +2343,12 @@ fn check(
             if runs.max_attempt > limit {
                 findings.add("more attempts than the limit", context);
             }
+            // Also: a task a gate held back burned no attempt.
             if runs.runs != runs.max_attempt {
                 findings.add("an attempt ran twice, or one was skipped", context);
             }
-            if runs.saw_token && !outcome.is_cancelled() {
+            // Only a cancel fires the token of an untimed run.
+            if !timed && runs.saw_token && !outcome.is_cancelled() {
                 findings.add(
                     "a handler saw its token fire, yet the task was not cancelled",
                     context,
@@ -1965,15 +2371,29 @@ fn check(
                 if *value != job.output() {
                     findings.add("a wrong output", context);
                 }
-                let attempts = match job.kind {
-                    Kind::Succeed | Kind::Slow(_) | Kind::Spawn => Some(1),
-                    Kind::Transient(fails) => Some(fails + 1),
-                    Kind::PermanentOnce if acc.resubmit_of.is_some() => Some(1),
-                    _ => None,
-                };
-                if attempts != Some(runs.max_attempt) {
-                    findings.add(
+                // On the timed type, runs the pool timed out may come on top.
+                match expected_end(acc, &runs) {
+                    Ok(attempts) if runs.max_attempt == attempts => {}
+                    Ok(attempts) if timed && runs.max_attempt > attempts => {
+                        extra = runs.max_attempt - attempts;
+                    }
+                    _ => findings.add(
                         "succeeded when it should not have, or after the wrong number of attempts",
+                        context,
+                    ),
+                }
+                if runs.last_token {
+                    findings.add(
+                        "a run that timed out (its token fired, no cancel) counted as the task's success",
+                        context,
+                    );
+                } else if !runs.last_returned_ok() {
+                    findings.add("succeeded, yet its last run returned an error", context);
+                }
+                if runs.last_late {
+                    late_successes += 1;
+                    findings.add(
+                        "a run that lasted its timeout or longer counted as the task's success",
                         context,
                     );
                 }
@@ -1983,26 +2403,36 @@ fn check(
                     findings.add("failed without running", context);
                     continue;
                 };
-                let expected = match job.kind {
-                    Kind::Permanent => {
-                        Some((FailureReason::Permanent, 1, "permanent failure".to_owned()))
+                let fits = if failure.reason == FailureReason::TimedOut {
+                    // Whatever its last run returned (a panic stays a panic).
+                    extra = 1;
+                    let panicked = job.kind == Kind::Panic && !runs.last_outage;
+                    timed
+                        && failure.attempts == limit
+                        && failure.error
+                            == format!("the handler ran past its timeout of {TIMEOUT:?}")
+                        && !panicked
+                } else {
+                    if timed && runs.last_token && failure.reason != FailureReason::Panicked {
+                        findings.add(
+                            "a run that timed out (its token fired, no cancel) ended its task failed, but not TimedOut",
+                            context,
+                        );
                     }
-                    Kind::PermanentOnce if acc.resubmit_of.is_none() => {
-                        Some((FailureReason::Permanent, 1, "first run fails".to_owned()))
+                    match expected_end(acc, &runs) {
+                        Err((reason, attempts, error)) => {
+                            // A permanent error in a run the pool timed out is retried.
+                            extra = failure.attempts.saturating_sub(attempts);
+                            (reason, error) == (failure.reason, failure.error.clone())
+                                && (failure.attempts == attempts
+                                    || (timed
+                                        && reason == FailureReason::Permanent
+                                        && failure.attempts > attempts))
+                        }
+                        Ok(_) => false,
                     }
-                    Kind::Panic => Some((
-                        FailureReason::Panicked,
-                        1,
-                        format!("{PANIC_MARKER} {}", job.seq),
-                    )),
-                    Kind::Exhaust => {
-                        Some((FailureReason::Exhausted, limit, "always fails".to_owned()))
-                    }
-                    _ => None,
                 };
-                if expected != Some((failure.reason, failure.attempts, failure.error.clone()))
-                    || failure.attempts != runs.max_attempt
-                {
+                if !fits || failure.attempts != runs.max_attempt {
                     findings.add(
                         "failed when it should not have, or with the wrong failure",
                         context,
@@ -2055,6 +2485,30 @@ fn check(
                     format!("{}: {other:?}", context())
                 }),
             },
+        }
+        // A `PermanentOnce` payload's first run ever is its first task's own first run, or a
+        // resubmit's whose original never got past an outage.
+        if let (Kind::PermanentOnce, Some(runs)) = (job.kind, runs) {
+            let fits = match acc.resubmit_of {
+                None => runs.first_ever || runs.runs == runs.outages,
+                Some(original) => {
+                    !runs.first_ever
+                        || recorder
+                            .get(original)
+                            .is_some_and(|o| !o.first_ever && o.last_outage)
+                }
+            };
+            if !fits {
+                findings.add(
+                    "a payload's first run ever was not its first task's, nor after an outage",
+                    context,
+                );
+            }
+        }
+        // Without a cancel, only the pool's timeouts fire a timed run's token.
+        if timed && !outcome.is_cancelled() {
+            let seen = runs.map_or(0, |r| r.token_runs);
+            timeouts_needed += u64::from(extra.max(seen));
         }
 
         // A dependent ran only after every dependency's handler returned Ok, and only if every
@@ -2155,9 +2609,348 @@ fn check(
             }
         }
     }
+    // 6. The mitigations.
+    let mitigations = check_mitigations(
+        cfg,
+        pool,
+        recorder,
+        findings,
+        produced,
+        &outcomes,
+        events,
+        report.is_some(),
+        stats,
+        (timeouts_needed, late_successes),
+    );
     format!(
-        "{succeeded} succeeded, {failed} failed, {cancelled} cancelled, {unfinished} unfinished"
+        "{succeeded} succeeded, {failed} failed, {cancelled} cancelled, {unfinished} unfinished; {mitigations}"
     )
+}
+
+/// The mitigations' invariants: limits, the rate, timeouts against the metrics, and every
+/// event the hooks heard (complete only if `shut_down` returned: it waits for the hooks).
+/// Returns a line of what they did.
+#[allow(clippy::too_many_arguments)]
+fn check_mitigations(
+    cfg: &Config,
+    pool: &Pool,
+    recorder: &Recorder,
+    findings: &Findings,
+    produced: &Produced,
+    outcomes: &IdMap<Outcome<u64>>,
+    log: &EventLog,
+    shut_down: bool,
+    stats: Option<&tasq::Stats>,
+    (timeouts_needed, late_successes): (u64, u64),
+) -> String {
+    // Concurrency: the handlers' own count never passed the limit.
+    let mut most = Vec::new();
+    for ty in Ty::ALL {
+        let seen = recorder.most[ty.index()].load(Ordering::SeqCst);
+        if let Some(limit) = ty.concurrency() {
+            most.push(format!("{ty:?} {seen}/{limit}"));
+            if seen > limit {
+                findings.add(
+                    "more tasks of a limited type ran at once than its limit",
+                    || format!("{seen} of {ty:?} at once, limit {limit}"),
+                );
+            }
+        }
+    }
+
+    // The rate: over any window of starts [t_i, t_j], at most burst + rate × (t_j - t_i) of
+    // them, plus one per worker: a start is the gate's, the timestamp the handler's, and each
+    // task between the two holds a worker. With f(k) = k - rate × t_k the window's excess is
+    // f(j) - f(i) + 1: one pass, keeping the lowest f so far.
+    let mut starts = std::mem::take(&mut *recorder.rated_starts.lock().unwrap());
+    starts.sort_unstable();
+    let mut worst = 0.0f64;
+    if let Some(&first) = starts.first() {
+        let mut lowest = f64::INFINITY;
+        for (k, t) in starts.iter().enumerate() {
+            let f = k as f64 - RATED_PER_SECOND * t.duration_since(first).as_secs_f64();
+            lowest = lowest.min(f);
+            worst = worst.max(f - lowest + 1.0);
+        }
+    }
+    let allowed = f64::from(RATED_BURST) + cfg.workers as f64;
+    if worst > allowed + 1e-6 {
+        findings.add("the rated type started faster than its rate limit", || {
+            format!(
+                "{} starts; a window held {worst:.2} more than rate × its length \
+                 (at most burst {RATED_BURST} + {} workers)",
+                starts.len(),
+                cfg.workers
+            )
+        });
+    }
+
+    // The metrics count the runs the handlers saw, and the timeouts the outcomes need.
+    let metrics = guarded(findings, || "metrics()".to_owned(), || pool.metrics());
+    let mut timed_out = 0;
+    for ty in Ty::ALL {
+        let Some(m) = metrics.as_ref().and_then(|m| {
+            m.types
+                .iter()
+                .find(|t| t.backlog.task_type == ty.task_type().name())
+        }) else {
+            findings.add("a type missing from the metrics", || format!("{ty:?}"));
+            continue;
+        };
+        let runs = m.runs.succeeded + m.runs.retried + m.runs.failed;
+        let seen = recorder.type_runs[ty.index()].load(Ordering::SeqCst);
+        if runs != seen {
+            findings.add("the metrics count other runs than the handlers saw", || {
+                format!("{ty:?}: {:?}, handlers ran {seen}", m.runs)
+            });
+        }
+        if ty == Ty::Timed {
+            timed_out = m.runs.timed_out;
+            if timed_out < timeouts_needed || timed_out > runs {
+                findings.add(
+                    "the timed type's attempts and handlers need other timeouts than the metrics count",
+                    || format!("{:?}; the outcomes need at least {timeouts_needed}", m.runs),
+                );
+            }
+        } else if m.runs.timed_out != 0 {
+            findings.add("a type without a timeout timed out", || {
+                format!("{ty:?}: {:?}", m.runs)
+            });
+        }
+    }
+
+    // Whatever the calling-back hook found.
+    for finding in log.callback_findings.lock().unwrap().drain(..) {
+        findings.add(
+            "a hook's call back into the pool saw something wrong",
+            || finding,
+        );
+    }
+
+    let events = std::mem::take(&mut *log.events.lock().unwrap());
+    let mut dead: IdMap<Vec<(&'static str, FailureReason, u32, &str)>> = IdMap::default();
+    let mut dead_events = 0u64;
+    let mut stuck: HashSet<(TaskId, u32)> = HashSet::new();
+    let mut breaker = BreakerState::Closed;
+    let mut breaker_changes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut alerts: Vec<Option<bool>> = vec![None; ALERTS.len()];
+    let (mut raised, mut cleared) = (0u64, 0u64);
+    for event in &events {
+        match event {
+            Event::DeadLetter {
+                id,
+                task_type,
+                reason,
+                attempts,
+                error,
+            } => {
+                dead_events += 1;
+                dead.entry(*id)
+                    .or_default()
+                    .push((*task_type, *reason, *attempts, error));
+            }
+            Event::Stuck {
+                id,
+                task_type,
+                attempt,
+                running_for,
+            } => {
+                let runs = recorder.get(*id);
+                let fits = *task_type == TIMED.name()
+                    && produced.tasks.get(id).is_none_or(|a| a.job.ty == Ty::Timed)
+                    && runs.is_some_and(|r| *attempt >= 1 && *attempt <= r.max_attempt)
+                    && *running_for >= TIMEOUT + STUCK_AFTER;
+                if !fits {
+                    findings.add("a stuck event that does not fit a timed run", || {
+                        format!("{event:?}; runs {runs:?}")
+                    });
+                }
+                if !stuck.insert((*id, *attempt)) {
+                    findings.add("a run reported stuck twice", || format!("{event:?}"));
+                }
+            }
+            Event::Breaker { downstream, state } => {
+                // The state machine: closed → open → half-open → closed or open. A run that
+                // started before the breaker opened may still end while it is open or
+                // half-open: its failure opens it again from half-open, and its success closes
+                // it, from half-open or straight from open (both stores do so: "a success is a
+                // success", `BreakerCell::record`; the docs describe only the probe's).
+                let valid = *downstream == DOWNSTREAM
+                    && matches!(
+                        (breaker, *state),
+                        (BreakerState::Closed, BreakerState::Open)
+                            | (BreakerState::Open, BreakerState::HalfOpen)
+                            | (BreakerState::Open, BreakerState::Closed)
+                            | (BreakerState::HalfOpen, BreakerState::Closed)
+                            | (BreakerState::HalfOpen, BreakerState::Open)
+                    );
+                if !valid {
+                    findings.add("a breaker change the state machine does not have", || {
+                        format!("{downstream}: {breaker:?} → {state:?}")
+                    });
+                }
+                *breaker_changes
+                    .entry(format!("{breaker:?}→{state:?}"))
+                    .or_default() += 1;
+                breaker = *state;
+            }
+            Event::AlertRaised { alert, value } | Event::AlertCleared { alert, value } => {
+                let now_raised = matches!(event, Event::AlertRaised { .. });
+                if now_raised {
+                    raised += 1;
+                } else {
+                    cleared += 1;
+                }
+                let Some(index) = ALERTS.iter().position(|a| a == alert) else {
+                    findings.add("an event of an alert the pool was not given", || {
+                        format!("{event:?}")
+                    });
+                    continue;
+                };
+                // Raised first, then cleared, raised... each on its side of the threshold.
+                if alerts[index] == Some(now_raised) || (alerts[index].is_none() && !now_raised) {
+                    findings.add("an alert's events do not alternate raised, cleared", || {
+                        format!("{event:?} after {:?}", alerts[index])
+                    });
+                }
+                alerts[index] = Some(now_raised);
+                let over = match (index, value) {
+                    (0, AlertValue::Depth(n)) => *n >= ALERT_DEPTH,
+                    (1, AlertValue::Age(age)) => *age >= ALERT_AGE,
+                    (2, AlertValue::Depth(n)) => *n >= ALERT_DEPTH_P0,
+                    _ => !now_raised,
+                };
+                if over != now_raised {
+                    findings.add(
+                        "an alert's value is on the wrong side of its threshold",
+                        || format!("{event:?}"),
+                    );
+                }
+            }
+            other => findings.add("an event of an unknown kind", || format!("{other:?}")),
+        }
+    }
+
+    // Once shutdown returned, every run has ended and the hooks heard every event.
+    if let Some(stats) = stats.filter(|_| shut_down) {
+        if stats.stuck != 0 {
+            findings.add("stuck handlers left after shutdown", || {
+                format!("{stats:?}")
+            });
+        }
+        if stats.breakers != [(DOWNSTREAM, breaker)] {
+            findings.add(
+                "stats().breakers differs from the last breaker event",
+                || format!("{:?}; the events end {breaker:?}", stats.breakers),
+            );
+        }
+    }
+
+    // Every dead letter was reported once, as it ended; no other task was. Complete only once
+    // shutdown returned (after the hooks heard every event).
+    if shut_down {
+        for (&id, outcome) in outcomes {
+            let heard = dead.remove(&id).unwrap_or_default();
+            let Outcome::Failed(failure) = outcome else {
+                if !heard.is_empty() {
+                    findings.add("a dead-letter event for a task that did not fail", || {
+                        format!("{id}: {outcome:?}; events {heard:?}")
+                    });
+                }
+                continue;
+            };
+            let name = produced.tasks[&id].job.ty.task_type().name();
+            let expected = (
+                name,
+                failure.reason,
+                failure.attempts,
+                failure.error.as_str(),
+            );
+            if heard != [expected] {
+                findings.add(
+                    "a dead letter not reported exactly once, with its type, reason, attempts and error",
+                    || format!("{id}: {failure:?}; events {heard:?}"),
+                );
+            }
+        }
+        // The rest: tasks without an outcome (unfinished: reported above), or brought back
+        // and forgotten before the test got a handle.
+        let unseen = dead
+            .keys()
+            .filter(|id| !produced.tasks.contains_key(id))
+            .count() as u64;
+        if unseen > produced.counters.brought_back_unseen {
+            findings.add("dead-letter events for tasks nobody submitted", || {
+                format!(
+                    "{unseen} ids, {} brought back unseen: {:?}",
+                    produced.counters.brought_back_unseen,
+                    dead.keys().take(4).collect::<Vec<_>>()
+                )
+            });
+        }
+        if let Some(stats) = stats {
+            if dead_events != stats.totals.failed {
+                findings.add("dead-letter events differ from totals.failed", || {
+                    format!("{dead_events} events, {:?}", stats.totals)
+                });
+            }
+        }
+    }
+
+    format!(
+        "mitigations: most at once {most:?}; rated {} starts, worst window {worst:.1} over \
+         rate × length (burst {RATED_BURST}); breaker {breaker_changes:?}; {} stuck; alerts \
+         {raised} raised, {cleared} cleared; {dead_events} dead-letter events; {} hook \
+         callbacks; timed out {timed_out} (outcomes need {timeouts_needed}), {late_successes} \
+         successes overran their timeout",
+        starts.len(),
+        stuck.len(),
+        log.callbacks.load(Ordering::Relaxed),
+    )
+}
+
+/// How a task ends if none of its runs times out: `Ok` with the attempt it succeeds on, or
+/// `Err` with its failure's reason, attempts and error. An outage's runs fail before the job's
+/// own behaviour, which counts its attempts without them (`run_job`). A `PermanentOnce` job
+/// fails on its payload's first run ever: a first task's, or a resubmit's if outages failed
+/// every run of the first (the handler says which).
+fn expected_end(acc: &Accepted, runs: &Runs) -> Result<u32, (FailureReason, u32, String)> {
+    let (job, limit, outages) = (acc.job, acc.job.ty.limit(), runs.outages);
+    if runs.last_outage {
+        return Err((FailureReason::Exhausted, limit, OUTAGE_ERROR.to_owned()));
+    }
+    match job.kind {
+        Kind::Transient(fails) if fails + outages >= limit => Err((
+            FailureReason::Exhausted,
+            limit,
+            format!("transient failure {}", limit - outages),
+        )),
+        Kind::Transient(fails) => Ok(fails + 1 + outages),
+        Kind::Exhaust => Err((FailureReason::Exhausted, limit, "always fails".to_owned())),
+        Kind::Permanent => Err((
+            FailureReason::Permanent,
+            1 + outages,
+            "permanent failure".to_owned(),
+        )),
+        Kind::PermanentOnce if runs.first_ever => Err((
+            FailureReason::Permanent,
+            1 + outages,
+            "first run fails".to_owned(),
+        )),
+        Kind::Panic => Err((
+            FailureReason::Panicked,
+            1 + outages,
+            format!("{PANIC_MARKER} {}", job.seq),
+        )),
+        Kind::Succeed
+        | Kind::PermanentOnce
+        | Kind::Slow(_)
+        | Kind::Spawn
+        | Kind::Overrun
+        | Kind::OverrunOk
+        | Kind::OverrunOnce
+        | Kind::Stubborn => Ok(1 + outages),
+    }
 }
 
 #[test]
