@@ -7,6 +7,11 @@
 //! cool-down it is *half-open*: one task, the probe, may start. A success closes it (everything
 //! held starts again); a failure opens it for another cool-down.
 //!
+//! A success closes the breaker from any state: the probe's, and also that of a run that started
+//! before the breaker opened and ended while it was open. Either shows the downstream answering
+//! again, and waiting out the cool-down for a probe to show it once more would only hold work
+//! back. A late failure of such a run, by contrast, does not restart the cool-down.
+//!
 //! What counts: a run that returns a retryable error or times out is a failure (on its last
 //! attempt too); a success is a success. A permanent error, a panic or a cancel says nothing
 //! about the downstream and counts as neither (a probe that ends so lets another probe start).
@@ -287,6 +292,21 @@ mod tests {
             cell.reopens_at(&settings),
             Some(t1 + Duration::from_secs(5))
         );
+        // A run that started before the breaker opened and succeeds while it is open closes
+        // it at once; one that fails then leaves the cool-down as it was.
+        let mut cell = BreakerCell::new();
+        cell.record(Verdict::Failure, t0, &settings);
+        let t2 = t0 + Duration::from_secs(1);
+        assert_eq!(cell.record(Verdict::Failure, t2, &settings), None);
+        assert_eq!(
+            cell.reopens_at(&settings),
+            Some(t0 + Duration::from_secs(5))
+        );
+        assert_eq!(
+            cell.record(Verdict::Success, t2, &settings),
+            Some(BreakerState::Closed)
+        );
+        assert_eq!(cell.try_start(t2, &settings), (true, None));
         // A success resets the count: the threshold needs consecutive failures.
         let mut cell = BreakerCell::new();
         let settings = Breaker::new(2, Duration::from_secs(5));
