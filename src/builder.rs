@@ -88,8 +88,9 @@ impl TypeOptions {
     }
 
     /// How long one run of this type may take. At the timeout the run's token fires
-    /// ([`Context::is_cancelled`], [`CancelToken::sleep`](crate::CancelToken::sleep)); when the
-    /// handler returns, whatever it returns, the attempt counts as a retryable failure, and
+    /// ([`Context::is_cancelled`], [`CancelToken::sleep`](crate::CancelToken::sleep)). A run
+    /// that lasts its timeout or longer (on the pool's clock) counts as a retryable failure
+    /// whatever the handler returns, even if it returned before the token could be fired, and
     /// once no attempt is left the task is a dead letter with
     /// [`FailureReason::TimedOut`](crate::FailureReason::TimedOut). A panic stays a panic.
     ///
@@ -155,7 +156,8 @@ impl TypeOptions {
     }
 
     /// How fast this type's tasks may start (in this pool; on the durable store, in every pool
-    /// on the database). The others wait ready, burning no attempt. Defaults to no limit.
+    /// on the database, metered as claims: see [`RateLimit`]). The others wait ready, burning
+    /// no attempt. Defaults to no limit.
     ///
     /// # Examples
     ///
@@ -1003,8 +1005,10 @@ impl<S> Builder<S> {
 
     /// Gives the downstream `name` a circuit breaker; task types name their downstream with
     /// [`TypeOptions::downstream`]. On the durable store the breaker's state is shared by every
-    /// pool on the database (a row per downstream): they open, probe and close together. A name
-    /// given twice, or zero failures, makes the build fail with [`BuildError::InvalidSetting`].
+    /// pool on the database (a row per downstream): they open, probe and close together. Any
+    /// success of the downstream's tasks closes it, the probe's or a run's that began before it
+    /// opened (see [`Breaker`]'s states). A name given twice, or zero failures, makes the build
+    /// fail with [`BuildError::InvalidSetting`].
     ///
     /// # Examples
     ///

@@ -7,6 +7,12 @@ use std::time::{Duration, Instant};
 /// refills at `per_second`. Over any stretch of time `t`, at most `burst + per_second × t`
 /// tasks of the type start. Given to [`TypeOptions::rate_limit`](crate::TypeOptions::rate_limit).
 ///
+/// On the durable store a start is a claim: the bucket, shared by every pool on the database,
+/// is drawn from when a pool claims a task. A pool that prefetches
+/// ([`Builder::prefetch`](crate::Builder::prefetch)) starts a claimed task's handler a little
+/// later, never sooner, so its handlers' starts keep to the same bound over any stretch, give
+/// or take the tasks it holds; a claim given back at shutdown keeps its token spent.
+///
 /// # Examples
 ///
 /// ```
