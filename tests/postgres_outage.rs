@@ -1,5 +1,7 @@
 //! The database goes away for 30 seconds in the middle of a run and comes back: every task ends
-//! succeeded, each exactly once under its completing lease.
+//! succeeded, each exactly once under its completing lease; a backlog alert raised before the
+//! outage stays raised through it (the monitor cannot read the backlog, and must not read it as
+//! zero) and clears once, after the database is back and the backlog is worked off.
 //!
 //! It stops the local server itself (`pg_ctlcluster`), so it is `#[ignore]`d: it would break
 //! every other test that talks to the server meanwhile. `.ci/run` runs it alone, after the
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls};
 use support_pg::TestDb;
-use tasq::{HandlerError, Outcome, Pool, TaskType};
+use tasq::{Alert, AlertValue, Event, HandlerError, Outcome, Pool, TaskType};
 
 /// Records (task, lease) in `effects` on a connection of its own, then succeeds; fails
 /// retryably while the database is away.
@@ -82,6 +84,7 @@ fn the_database_away_for_30_seconds_loses_nothing() {
         .batch_execute("CREATE TABLE effects (task BIGINT NOT NULL, lease BIGINT NOT NULL)")
         .unwrap();
     let url = db.url.clone();
+    let (alerts, heard) = crossbeam_channel::unbounded();
     let pool = Pool::builder()
         .postgres(db.url.clone())
         .workers(2)
@@ -94,6 +97,14 @@ fn the_database_away_for_30_seconds_loses_nothing() {
         .max_attempts(1_000)
         .retention(usize::MAX, None)
         .quiet_panics(true)
+        .alert(Alert::ready_depth(100))
+        .monitor_interval(Duration::from_millis(100))
+        .on_event(move |event| {
+            if let Event::AlertRaised { value, .. } | Event::AlertCleared { value, .. } = event {
+                let raised = matches!(event, Event::AlertRaised { .. });
+                let _ = alerts.send((raised, *value, Instant::now()));
+            }
+        })
         .register(EFFECT, move |ctx, _: &u64| {
             record(&url, ctx.id().seq(), ctx.lease_id())
         })
@@ -110,11 +121,22 @@ fn the_database_away_for_30_seconds_loses_nothing() {
         ));
     }
 
+    // The backlog (some 2,800 tasks) raised the alert.
+    let (raised, value, _) = heard
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the backlog alert was not raised");
+    assert!(raised, "the first alert event is a clear: {value:?}");
+    assert!(
+        matches!(value, AlertValue::Depth(n) if n >= 100),
+        "{value:?}"
+    );
+
     let _restart = Restart;
     assert!(cluster("stop"), "could not stop the server");
     let stopped = Instant::now();
     // The outage itself: the scenario's 30 seconds, not a wait for anything.
     std::thread::sleep(Duration::from_secs(30));
+    let restarted = Instant::now();
     assert!(cluster("start"), "could not start the server");
     let outage = stopped.elapsed();
 
@@ -146,6 +168,21 @@ fn the_database_away_for_30_seconds_loses_nothing() {
         "a task not succeeded exactly once under its lease"
     );
     assert!(store_errors > 0, "the outage was not reported");
+    // The backlog is gone: the alert clears, once, and not before the database came back.
+    let (raised, value, at) = heard
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the backlog alert did not clear");
+    assert!(!raised, "the alert was raised twice: {value:?}");
+    assert!(
+        at >= restarted,
+        "the alert cleared during the outage, on a backlog it could not read: {value:?}"
+    );
+    assert!(
+        matches!(value, AlertValue::Depth(n) if n < 100),
+        "{value:?}"
+    );
     pool.check_invariants().unwrap();
     pool.shutdown(Duration::from_secs(10));
+    let later: Vec<_> = heard.try_iter().collect();
+    assert!(later.is_empty(), "alert events after the clear: {later:?}");
 }

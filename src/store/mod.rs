@@ -179,6 +179,14 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     /// Each registered type's backlog, in registry order. May cost a scan of the ready tasks.
     fn type_stats(&self) -> Vec<TypeStats>;
 
+    /// What the alerts check: [`stats`](Store::stats) and (if `types`)
+    /// [`type_stats`](Store::type_stats), or `None` if the store could not read them (a
+    /// durable store's database away), so no alert clears on a reading of zeros.
+    fn backlog(&self, types: bool) -> Option<(Stats, Vec<TypeStats>)> {
+        let type_stats = if types { self.type_stats() } else { Vec::new() };
+        Some((self.stats(), type_stats))
+    }
+
     // ===== dead letters =====
 
     fn dead_letters(

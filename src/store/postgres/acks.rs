@@ -31,13 +31,19 @@ const MAX_BATCH: usize = 200;
 /// processes: NOTIFY serialises the commits of notifying transactions across the cluster, so
 /// one per batch, not one per task, is what lets acks scale with the workers. `t.id = ANY($1)`
 /// keeps the rows found through the primary key in the prepared statement's generic plan.
+///
+/// The rows are locked in id order first (`locked`), as a submit locks its dependencies: an
+/// update joined to the batch would lock them in whatever order its plan meets them, and a
+/// batch holding one dependency while a submit holds another would deadlock with it.
 pub(crate) const ACK: &str = "
-    WITH done AS (
+    WITH locked AS (
+        SELECT id FROM tasq_tasks WHERE id = ANY($1) ORDER BY id FOR UPDATE
+    ), done AS (
         SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::JSONB[]) AS d(id, lease, output)
     ), ended AS (
         UPDATE tasq_tasks t SET status = 'succeeded', output = done.output,
                finished_at = tasq_now(), lease_until = NULL
-        FROM done
+        FROM done JOIN locked USING (id)
         WHERE t.id = ANY($1) AND t.id = done.id AND t.lease_id = done.lease
           AND t.status = 'running'
           AND t.cancel_requested IS NULL AND NOT t.has_dependents

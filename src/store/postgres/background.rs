@@ -180,16 +180,20 @@ fn heartbeat(store: &PgStore) -> Result<(), String> {
             &[&ids, &leases, &rows::micros(store.lease)],
         )
     })?;
-    let mut kept = std::collections::HashSet::new();
+    // Each token is fired under the lease this beat extended or lost: by the time the rows
+    // come back, the run may have ended and a worker here claimed the task's next attempt,
+    // whose token is not this run's to fire.
+    let mut lost: std::collections::HashMap<i64, i64> =
+        ids.iter().copied().zip(leases.iter().copied()).collect();
     for row in &rows {
         let id: i64 = row.get(0);
-        kept.insert(id);
-        if row.get::<_, bool>(1) {
-            store.fire_local(id);
+        let lease = lost.remove(&id);
+        if let Some(lease) = lease.filter(|_| row.get::<_, bool>(1)) {
+            store.fire_leased(id, lease);
         }
     }
-    for id in ids.iter().filter(|id| !kept.contains(id)) {
-        store.fire_local(*id);
+    for (id, lease) in lost {
+        store.fire_leased(id, lease);
     }
     Ok(())
 }

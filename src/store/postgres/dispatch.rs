@@ -429,11 +429,18 @@ pub(super) fn write_ending_tx(
                 &[&seq, output],
             )?;
             if has_dependents {
+                // The dependents are locked in id order, as a submit locks its dependencies
+                // (see `cascade`).
                 let released = tx.query(
-                    "UPDATE tasq_tasks t SET pending_deps = t.pending_deps - 1,
+                    "WITH locked AS (
+                         SELECT t.id FROM tasq_tasks t JOIN tasq_deps d ON t.id = d.dependent
+                         WHERE d.dependency = $1 AND t.status = 'blocked'
+                         ORDER BY t.id FOR UPDATE OF t
+                     )
+                     UPDATE tasq_tasks t SET pending_deps = t.pending_deps - 1,
                             status = CASE WHEN t.pending_deps = 1 THEN 'ready' ELSE 'blocked' END
-                     FROM tasq_deps d
-                     WHERE d.dependency = $1 AND t.id = d.dependent AND t.status = 'blocked'
+                     FROM locked
+                     WHERE t.id = locked.id AND t.status = 'blocked'
                      RETURNING t.status = 'ready' AND t.run_at <= tasq_now()",
                     &[&seq],
                 )?;
@@ -497,20 +504,42 @@ pub(super) fn enforce_dead_letter_limit(
 /// holds that task's row lock until it commits its edge, so the level's update waits for it,
 /// and the next level's statement sees the new edge (a recursive query, reading one snapshot
 /// taken at its start, would miss it and leave the new task blocked forever).
+///
+/// Locks are taken in id order, as a submit locks its dependencies, so a submit naming two of
+/// the doomed tasks and this cascade cannot each hold one and wait for the other: first every
+/// dependent the recursive query finds (levels interleave in id order: a second-level task may
+/// come before a first-level one), then each level's rows again as it is updated (only an edge
+/// committed since adds a lock, in that level's order).
 pub(super) fn cascade(
     tx: &mut impl Sql,
     root: i64,
     reason: &str,
 ) -> Result<Vec<i64>, postgres::Error> {
+    tx.query(
+        "WITH RECURSIVE doomed(id) AS (
+             SELECT dependent FROM tasq_deps WHERE dependency = $1
+             UNION
+             SELECT d.dependent FROM tasq_deps d JOIN doomed ON d.dependency = doomed.id
+         )
+         SELECT t.id FROM tasq_tasks t JOIN doomed USING (id)
+         WHERE t.status = 'blocked' ORDER BY t.id FOR UPDATE OF t",
+        &[&root],
+    )?;
     let mut doomed = Vec::new();
     let mut level = vec![root];
     let mut reason = reason;
     while !level.is_empty() {
         let rows = tx.query(
-            "UPDATE tasq_tasks t SET status = 'cancelled', cancel_reason = $2,
+            "WITH locked AS (
+                 SELECT t.id FROM tasq_tasks t JOIN tasq_deps d ON t.id = d.dependent
+                 WHERE d.dependency = ANY($1) AND t.status = 'blocked'
+                 ORDER BY t.id FOR UPDATE OF t
+             )
+             UPDATE tasq_tasks t SET status = 'cancelled', cancel_reason = $2,
                     cancel_cause = d.dependency, finished_at = tasq_now()
-             FROM tasq_deps d
-             WHERE d.dependency = ANY($1) AND t.id = d.dependent AND t.status = 'blocked'
+             FROM tasq_deps d, locked
+             WHERE d.dependency = ANY($1) AND t.id = d.dependent AND t.id = locked.id
+               AND t.status = 'blocked'
              RETURNING t.id",
             &[&level, &reason],
         )?;

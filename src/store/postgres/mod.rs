@@ -638,6 +638,109 @@ impl PgStore {
         }
     }
 
+    /// Fires the token of the run of task `seq` under `lease`, if it is still running here:
+    /// not that of a later attempt of the same task that a worker here claimed since.
+    fn fire_leased(&self, seq: i64, lease: i64) {
+        let token = self
+            .local
+            .lock()
+            .running
+            .get(&seq)
+            .filter(|h| h.lease == lease)
+            .map(|h| h.token.clone());
+        if let Some(token) = token {
+            token.cancel();
+        }
+    }
+
+    /// The counts behind [`Store::stats`], or the error that kept them from being read.
+    fn read_stats(&self) -> Result<Stats, String> {
+        let (workers, totals) = {
+            let local = self.local.lock();
+            (local.live_workers, local.totals)
+        };
+        let rows = self.with_conn(|c| {
+            c.query(
+                "SELECT status, COALESCE(base_priority, priority), run_at <= tasq_now(),
+                        count(*)::BIGINT,
+                        EXTRACT(EPOCH FROM tasq_now() - min(run_at))::FLOAT8,
+                        count(*) FILTER (WHERE dead)::BIGINT
+                 FROM tasq_tasks GROUP BY 1, 2, 3",
+                &[],
+            )
+        })?;
+        let mut stats = Stats::empty(workers, totals);
+        let mut by_priority: HashMap<u8, (usize, f64)> = HashMap::new();
+        for row in rows {
+            let n = usize::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+            let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
+            match rows::state_of(row.get(0), row.get(2)) {
+                TaskState::Blocked => stats.blocked += n,
+                TaskState::Scheduled => stats.scheduled += n,
+                TaskState::Ready => {
+                    stats.ready += n;
+                    let age: f64 = row.get(4);
+                    let entry = by_priority.entry(priority).or_insert((0, age));
+                    entry.0 += n;
+                    entry.1 = entry.1.max(age);
+                }
+                TaskState::Running => stats.running += n,
+                _ => {
+                    let dead = usize::try_from(row.get::<_, i64>(5)).unwrap_or(0);
+                    stats.dead_letters += dead;
+                    stats.retained += n;
+                }
+            }
+        }
+        let mut by_priority: Vec<(u8, (usize, f64))> = by_priority.into_iter().collect();
+        by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
+        let age = |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
+        stats.ready_by_priority = by_priority.iter().map(|&(p, (n, _))| (p, n)).collect();
+        stats.oldest_ready_by_priority =
+            by_priority.iter().map(|&(p, (_, a))| (p, age(a))).collect();
+        stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
+        if !self.registry.downstreams.is_empty() {
+            stats.breakers = gates::breaker_states(self);
+        }
+        Ok(stats)
+    }
+
+    /// The backlog behind [`Store::type_stats`], or the error that kept it from being read.
+    fn read_type_stats(&self) -> Result<Vec<TypeStats>, String> {
+        let mut types: Vec<TypeStats> = self
+            .registry
+            .entries()
+            .iter()
+            .map(|e| TypeStats::new(e.name))
+            .collect();
+        let rows = self.with_conn(|c| {
+            c.query(
+                "SELECT type,
+                            count(*) FILTER (WHERE status = 'ready')::BIGINT,
+                            count(*) FILTER (WHERE status = 'running')::BIGINT,
+                            EXTRACT(EPOCH FROM tasq_now() - min(run_at)
+                                FILTER (WHERE status = 'ready'))::FLOAT8
+                     FROM tasq_tasks
+                     WHERE type = ANY($1)
+                       AND (status = 'running' OR (status = 'ready' AND run_at <= tasq_now()))
+                     GROUP BY type",
+                &[&self.types],
+            )
+        })?;
+        for row in rows {
+            let Some(index) = self.type_index(row.get(0)) else {
+                continue;
+            };
+            let t = &mut types[index as usize];
+            t.ready = usize::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+            t.running = usize::try_from(row.get::<_, i64>(2)).unwrap_or(0);
+            t.oldest_ready = row
+                .get::<_, Option<f64>>(3)
+                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default());
+        }
+        Ok(types)
+    }
+
     fn count(&self, f: impl FnOnce(&mut Totals)) {
         f(&mut self.local.lock().totals);
     }
@@ -828,6 +931,24 @@ fn insert_batch(
         for (&index, id) in plain.iter().zip(ids) {
             inserted[index] = (id, false, "ready");
         }
+    }
+    // Each task locks its own dependencies in id order (`insert_task`); across the batch the
+    // order would be the tasks', which an ending or an ack taking the same rows in id order
+    // could meet the other way round. Locked together first, in id order, they are then only
+    // locked again.
+    let mut dependencies: Vec<i64> = batch
+        .iter()
+        .flat_map(|task| task.dependencies)
+        .filter_map(|dependency| rows::local_seq(queue, dependency.id()))
+        .collect();
+    dependencies.sort_unstable();
+    dependencies.dedup();
+    let with_dependencies = batch.iter().filter(|t| !t.dependencies.is_empty()).count();
+    if with_dependencies > 1 {
+        tx.query(
+            "SELECT id FROM tasq_tasks WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+            &[&dependencies],
+        )?;
     }
     for index in (0..inserts.len()).filter(|&i| !is_plain(i)) {
         match insert_task(tx, queue, &inserts[index], batch[index].dependencies)? {
@@ -1176,93 +1297,30 @@ impl Store for PgStore {
     }
 
     fn stats(&self) -> Stats {
-        let (workers, totals) = {
+        self.read_stats().unwrap_or_else(|_| {
+            // The database is away: what this process knows.
             let local = self.local.lock();
-            (local.live_workers, local.totals)
-        };
-        let rows = self
-            .with_conn(|c| {
-                c.query(
-                    "SELECT status, COALESCE(base_priority, priority), run_at <= tasq_now(),
-                            count(*)::BIGINT,
-                            EXTRACT(EPOCH FROM tasq_now() - min(run_at))::FLOAT8,
-                            count(*) FILTER (WHERE dead)::BIGINT
-                     FROM tasq_tasks GROUP BY 1, 2, 3",
-                    &[],
-                )
-            })
-            .unwrap_or_default();
-        let mut stats = Stats::empty(workers, totals);
-        let mut by_priority: HashMap<u8, (usize, f64)> = HashMap::new();
-        for row in rows {
-            let n = usize::try_from(row.get::<_, i64>(3)).unwrap_or(0);
-            let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
-            match rows::state_of(row.get(0), row.get(2)) {
-                TaskState::Blocked => stats.blocked += n,
-                TaskState::Scheduled => stats.scheduled += n,
-                TaskState::Ready => {
-                    stats.ready += n;
-                    let age: f64 = row.get(4);
-                    let entry = by_priority.entry(priority).or_insert((0, age));
-                    entry.0 += n;
-                    entry.1 = entry.1.max(age);
-                }
-                TaskState::Running => stats.running += n,
-                _ => {
-                    let dead = usize::try_from(row.get::<_, i64>(5)).unwrap_or(0);
-                    stats.dead_letters += dead;
-                    stats.retained += n;
-                }
-            }
-        }
-        let mut by_priority: Vec<(u8, (usize, f64))> = by_priority.into_iter().collect();
-        by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
-        let age = |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
-        stats.ready_by_priority = by_priority.iter().map(|&(p, (n, _))| (p, n)).collect();
-        stats.oldest_ready_by_priority =
-            by_priority.iter().map(|&(p, (_, a))| (p, age(a))).collect();
-        stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
-        if !self.registry.downstreams.is_empty() {
-            stats.breakers = gates::breaker_states(self);
-        }
-        stats
+            Stats::empty(local.live_workers, local.totals)
+        })
     }
 
     fn type_stats(&self) -> Vec<TypeStats> {
-        let mut types: Vec<TypeStats> = self
-            .registry
-            .entries()
-            .iter()
-            .map(|e| TypeStats::new(e.name))
-            .collect();
-        let rows = self
-            .with_conn(|c| {
-                c.query(
-                    "SELECT type,
-                            count(*) FILTER (WHERE status = 'ready')::BIGINT,
-                            count(*) FILTER (WHERE status = 'running')::BIGINT,
-                            EXTRACT(EPOCH FROM tasq_now() - min(run_at)
-                                FILTER (WHERE status = 'ready'))::FLOAT8
-                     FROM tasq_tasks
-                     WHERE type = ANY($1)
-                       AND (status = 'running' OR (status = 'ready' AND run_at <= tasq_now()))
-                     GROUP BY type",
-                    &[&self.types],
-                )
-            })
-            .unwrap_or_default();
-        for row in rows {
-            let Some(index) = self.type_index(row.get(0)) else {
-                continue;
-            };
-            let t = &mut types[index as usize];
-            t.ready = usize::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-            t.running = usize::try_from(row.get::<_, i64>(2)).unwrap_or(0);
-            t.oldest_ready = row
-                .get::<_, Option<f64>>(3)
-                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default());
-        }
-        types
+        self.read_type_stats().unwrap_or_else(|_| {
+            let entries = self.registry.entries();
+            entries.iter().map(|e| TypeStats::new(e.name)).collect()
+        })
+    }
+
+    /// Unlike [`stats`](Store::stats), says when the database could not be read: an alert must
+    /// not clear on a reading of zeros taken while the database is away.
+    fn backlog(&self, types: bool) -> Option<(Stats, Vec<TypeStats>)> {
+        let stats = self.read_stats().ok()?;
+        let types = if types {
+            self.read_type_stats().ok()?
+        } else {
+            Vec::new()
+        };
+        Some((stats, types))
     }
 
     fn dead_letters(
@@ -1464,10 +1522,11 @@ impl Store for PgStore {
             local.handlers_in_shutdown -= 1;
             self.done_cv.notify_all();
         }
-        let totals = local.totals;
         drop(local);
+        // The fetcher may still give back claims it fetched as the pool stopped, and count
+        // those whose cancel was asked for: the totals are read once it has finished.
         self.join_threads();
-        totals
+        self.local.lock().totals
     }
 
     fn stop_now(&self) {
