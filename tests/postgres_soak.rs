@@ -2,11 +2,19 @@
 //! once, then checks the run's invariants (the durable counterpart of `tests/soak.rs`).
 //!
 //! Two worker pools share one schema, as two processes would (pool A prefetches), and a producer
-//! pool without workers submits tasks of three types (three, five and one attempts; retries
-//! after a millisecond or so). Each payload says what its handler does: succeed, fail retryably
-//! k times then succeed, exhaust its attempts, fail permanently, fail permanently only on the
-//! payload's first run ever (so a resubmit succeeds), panic, or sleep on its token (interrupted
-//! by a cancel or a shutdown deadline, it fails retryably). Tasks go in alone or in batches, with
+//! pool without workers submits tasks of seven types. Three are plain (three, five and one
+//! attempts; retries after a millisecond or so); four carry the mitigations, which the pools
+//! share through the rows. REMOTE and RATED call a downstream whose circuit breaker opens after
+//! three failures in a row and probes again after a short cool-down; an outage thread takes the
+//! downstream out and brings it back at random, and their handlers fail retryably while it is
+//! out. RATED also has a rate limit, LIMITED a concurrency limit, and TIMED a timeout that some
+//! of its handlers overrun, sleeping on their token (then returning `Ok` or an error when it
+//! fires) or ignoring it for a while (some long enough to be reported stuck). Every pool ages
+//! its ready tasks, with the same settings, and records every event its hook hears. Each
+//! payload says what its handler does: succeed, fail retryably k times then succeed, exhaust its
+//! attempts, fail permanently, fail permanently only on the payload's first run ever (so a
+//! resubmit succeeds), panic, sleep on its token (interrupted by a cancel or a shutdown
+//! deadline, it fails retryably), or overrun (TIMED). Tasks go in alone or in batches, with
 //! random priorities, some delays, idempotency keys from a small set shared by the types
 //! (duplicates and key conflicts happen), and dependencies on 1–3 recent tasks. A canceller
 //! thread cancels a share of them (through a pool or the handle) at random moments after their
@@ -19,14 +27,28 @@
 //! Checked at the end (all violations are collected, then reported with the seed): every handle
 //! returns, and all handles of one id (deduplicated submits, another pool's `handle`) agree; a
 //! duplicate is a task that held its key; each outcome fits what its handler was told to do, the
-//! cancels accepted and the dependencies' outcomes; a task's runs are attempts 1, 2, … in turn,
-//! no more than its type allows, under increasing leases never used twice, none after a run that
-//! ended it; a dependent never started before all its dependencies had succeeded, nor ran if one
-//! did not; no task started after a cancel said `Cancelled`; a token fired only on a cancel or
-//! the shutdown deadline; pool A ran nothing after its shutdown; the rows agree (none left
-//! unfinished; attempts; dead letters; resubmissions); every pool's `check_invariants` holds;
-//! `stats().workers` stayed at the configured count while a pool ran, with no worker panic and
-//! no store error; the three pools' totals add up to the outcomes seen.
+//! cancels accepted and the dependencies' outcomes, or (the types with mitigations, whose runs
+//! outages and timeouts add to) what its runs returned; a task's runs are attempts 1, 2, … in
+//! turn, no more than its type allows, under increasing leases never used twice, none after a
+//! run that ended it; a dependent never started before all its dependencies had succeeded, nor
+//! ran if one did not; no task started after a cancel said `Cancelled`; no token fired while its
+//! handler ran but on a cancel, the shutdown deadline or (TIMED) the timeout; pool A ran nothing
+//! after its shutdown; the rows agree (none left unfinished; attempts; dead letters;
+//! resubmissions; aging kept each task's own priority, and never lowered one nor lifted it past
+//! the ceiling); every pool's `check_invariants` holds; `stats().workers` stayed at the
+//! configured count while a pool ran, with no worker panic and no store error; the three pools'
+//! totals add up to the outcomes seen. And the mitigations ([`check_mitigations`]): LIMITED's
+//! handlers never ran more than its limit at once across both pools; RATED's claims never
+//! exceeded its burst plus its rate over any stretch of time, nor did its starts on pool B, and
+//! no run started before its claim; every dead letter was reported by exactly one hook, once,
+//! by the pool that ended it, as its outcome says; a run that timed out never counted as a
+//! success, the last one made its task a `TimedOut` dead letter, and every `Stuck` report names
+//! a run past its timeout and grace; the breaker's changes, in the order the database made them,
+//! follow its state machine, each probe after the cool-down, and the hooks heard each change
+//! once; aging raised priorities; no alert was raised (none is set).
+//!
+//! The database's side of the gates (the order of the breaker's changes, the claims the bucket
+//! let through) is logged by triggers the test adds to its schema ([`install_logs`]).
 //!
 //! `TASQ_PG_SOAK_TASKS` sets the number of tasks (default [`DEFAULT_TASKS`]); `TASQ_PG_SOAK_SEED`
 //! replays a run's choices (the seed is printed, and named in a failure; what the pools make of
@@ -36,18 +58,18 @@
 mod support_pg;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 use support_pg::TestDb;
 use tasq::{
-    CancelOutcome, CancelReason, Context, Failure, FailureReason, HandlerError, Outcome, Pool,
-    ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, TaskHandle, TaskId, TaskState,
-    TaskType, Totals, TypeOptions,
+    Aging, Breaker, BreakerState, CancelOutcome, CancelReason, CancelToken, Context, Event,
+    Failure, FailureReason, HandlerError, Outcome, Pool, RateLimit, ResubmitError, RetryPolicy,
+    ShutdownReport, SubmitErrorKind, TaskHandle, TaskId, TaskState, TaskType, Totals, TypeOptions,
 };
 
 /// About 25 s on two idle cores in a debug build; about 45 s beside another such run.
@@ -64,6 +86,32 @@ const HANDLE_STALL: Duration = Duration::from_secs(20);
 /// The producer waits (on the oldest handle) while more tasks than this are unfinished.
 const BACKLOG: usize = 300;
 
+/// The downstream REMOTE and RATED call, and its breaker: a few failures in a row open it, and
+/// the cool-down is short, so that it opens, probes and closes many times in a run.
+const DOWNSTREAM: &str = "pg-soak-downstream";
+const BREAKER: Breaker = Breaker::new(3, Duration::from_millis(80));
+/// LIMITED's concurrency limit, across both pools.
+const LIMIT: u32 = 3;
+/// RATED's rate: tight enough that its batches (up to six tasks) and its retries meet it.
+const RATE: RateLimit = RateLimit::per_second(60.0).with_burst(4);
+/// How far RATED's starts on pool B may exceed the rate: they lag their claims, which the bucket
+/// meters, by the rest of the claim's transaction and the hand-off to a worker, and that lag
+/// varies; one start is 17 ms of it.
+const START_TOLERANCE: f64 = 1.0;
+/// How far apart two readings of the system clock at one moment may be (seconds): the
+/// handler's `SystemTime` and the database's `clock_timestamp()`.
+const CLOCK_READING: f64 = 0.002;
+/// TIMED's timeout; its quick handlers take well under a millisecond.
+const TIMEOUT: Duration = Duration::from_millis(20);
+/// Past its timeout, a handler still running this long is reported stuck.
+const STUCK_AFTER: Duration = Duration::from_millis(10);
+/// Every pool ages its ready tasks by one level per `every`, up to 9 (the highest priority used):
+/// a task waiting in the backlog (about a second) gains a few levels.
+const AGING: Aging = Aging::new(Duration::from_millis(200), 9);
+/// How long the outage thread keeps the downstream up, then down (random, in ms).
+const UP_MS: (u64, u64) = (150, 900);
+const DOWN_MS: (u64, u64) = (40, 400);
+
 // ===== the tasks =====
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,28 +119,80 @@ enum Ty {
     Fast,
     Patient,
     Once,
+    /// Calls the downstream: fails while it is out; held while its breaker is open.
+    Remote,
+    /// At most [`LIMIT`] run at once, in both pools together.
+    Limited,
+    /// Starts at [`RATE`] at most, and calls the downstream.
+    Rated,
+    /// Times out after [`TIMEOUT`].
+    Timed,
 }
 
 impl Ty {
-    const ALL: [Ty; 3] = [Ty::Fast, Ty::Patient, Ty::Once];
+    const ALL: [Ty; 7] = [
+        Ty::Fast,
+        Ty::Patient,
+        Ty::Once,
+        Ty::Remote,
+        Ty::Limited,
+        Ty::Rated,
+        Ty::Timed,
+    ];
+    /// How often each type is picked, in percent.
+    const SHARE: [u64; 7] = [25, 21, 15, 11, 10, 9, 9];
 
     fn task_type(self) -> TaskType<Job, u64> {
-        TaskType::new(["pg-soak-fast", "pg-soak-patient", "pg-soak-once"][self as usize])
+        TaskType::new(
+            [
+                "pg-soak-fast",
+                "pg-soak-patient",
+                "pg-soak-once",
+                "pg-soak-remote",
+                "pg-soak-limited",
+                "pg-soak-rated",
+                "pg-soak-timed",
+            ][self as usize],
+        )
     }
 
     fn max_attempts(self) -> u32 {
-        [3, 5, 1][self as usize]
+        [3, 5, 1, 5, 3, 4, 3][self as usize]
+    }
+
+    /// Whether its handler calls the downstream (and fails while it is out).
+    fn calls_downstream(self) -> bool {
+        matches!(self, Ty::Remote | Ty::Rated)
     }
 
     /// The others take the pool's policy (base 1 ms); PATIENT retries faster still.
     fn options(self) -> TypeOptions {
         let options = TypeOptions::new().max_attempts(self.max_attempts());
         let fast = RetryPolicy::exponential(Duration::from_micros(500), Duration::from_millis(4));
-        if self == Ty::Patient {
-            options.retry_policy(fast)
-        } else {
-            options
+        match self {
+            Ty::Patient => options.retry_policy(fast),
+            Ty::Remote => options.downstream(DOWNSTREAM),
+            Ty::Limited => options.concurrency_limit(LIMIT),
+            Ty::Rated => options.rate_limit(RATE).downstream(DOWNSTREAM),
+            Ty::Timed => options.timeout(TIMEOUT),
+            Ty::Fast | Ty::Once => options,
         }
+    }
+
+    /// A type with a mitigation: a breaker, a limit or a timeout.
+    fn mitigated(self) -> bool {
+        matches!(self, Ty::Remote | Ty::Limited | Ty::Rated | Ty::Timed)
+    }
+
+    fn pick(rng: &mut Rng) -> Ty {
+        let mut roll = rng.below(Ty::SHARE.iter().sum());
+        for (ty, share) in Ty::ALL.into_iter().zip(Ty::SHARE) {
+            match roll.checked_sub(share) {
+                Some(rest) => roll = rest,
+                None => return ty,
+            }
+        }
+        unreachable!("the shares add up to the roll's range")
     }
 }
 
@@ -108,6 +208,15 @@ enum Kind {
     Panic,
     /// Sleeps this many ms on its token, then succeeds; interrupted, it fails retryably.
     Sleep(u32),
+    /// (TIMED) Sleeps on its token far past the timeout, on attempts 1..=k (all of them if
+    /// `k` is at the type's limit), and succeeds at once on the others. When the token fires it
+    /// returns `Ok` if `ok`, else a retryable error: the timeout makes both a failure.
+    Overrun {
+        until: u32,
+        ok: bool,
+    },
+    /// (TIMED) Ignores its token: blocks this many ms past the timeout, then returns `Ok`.
+    Ignore(u32),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,14 +234,32 @@ impl Job {
 
 fn make_job(rng: &mut Rng, seq: u64, ty: Ty) -> Job {
     let limit = ty.max_attempts();
-    let kind = match rng.below(100) {
-        0..12 if limit > 1 => Kind::Transient(1 + rng.below(u64::from(limit - 1)) as u32),
-        12..17 => Kind::Exhaust,
-        17..21 => Kind::Permanent,
-        21..25 => Kind::PermanentOnce,
-        25..28 => Kind::Panic,
-        28..38 => Kind::Sleep(2 + rng.below(60) as u32),
-        _ => Kind::Succeed,
+    let roll = rng.below(100);
+    let kind = if ty == Ty::Timed {
+        match roll {
+            0..14 => Kind::Overrun {
+                until: 1 + rng.below(u64::from(limit)) as u32,
+                ok: rng.chance(50),
+            },
+            14..22 => Kind::Ignore(3 + rng.below(15) as u32),
+            22..26 => Kind::Permanent,
+            26..29 => Kind::Panic,
+            // Well inside the timeout.
+            29..35 => Kind::Sleep(1 + rng.below(4) as u32),
+            _ => Kind::Succeed,
+        }
+    } else {
+        match roll {
+            // LIMITED's handlers hold their slot a while, so that its tasks queue for the limit.
+            0..60 if ty == Ty::Limited => Kind::Sleep(3 + rng.below(20) as u32),
+            0..12 if limit > 1 => Kind::Transient(1 + rng.below(u64::from(limit - 1)) as u32),
+            12..17 => Kind::Exhaust,
+            17..21 => Kind::Permanent,
+            21..25 => Kind::PermanentOnce,
+            25..28 => Kind::Panic,
+            28..38 => Kind::Sleep(2 + rng.below(60) as u32),
+            _ => Kind::Succeed,
+        }
     };
     Job { seq, ty, kind }
 }
@@ -170,19 +297,40 @@ enum Returned {
 
 /// One handler run; `start` and `end` are ticks of the recorder's clock, which the canceller
 /// shares, so runs and cancels are ordered.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Run {
     attempt: u32,
     lease: Option<i64>,
     start: u64,
     end: u64,
     returned: Returned,
-    /// Its token fired during the sleep.
+    /// Its token fired during the sleep (a `Sleep` or an `Overrun`).
     interrupted: bool,
     /// The first run of this payload ever.
     first_of_seq: bool,
     /// On a worker of pool A.
     on_a: bool,
+    /// The downstream was out when it started: it failed for that.
+    outage: bool,
+    /// When it started, on the system clock (for RATED's rate).
+    wall: SystemTime,
+    /// How long the handler took.
+    took: Duration,
+    /// Its token had fired when the handler returned.
+    fired_while_running: bool,
+    /// Its token, kept to see at the end whether it ever fired. A cancel, a shutdown deadline
+    /// or a timeout fires it, and may do so after the handler returned: a timeout until the
+    /// worker takes the run back from the monitor, a cancel (or the heartbeat, which fires the
+    /// tokens of runs whose rows it no longer finds running) until the pool forgets the run,
+    /// after writing its ending.
+    token: CancelToken,
+}
+
+impl Run {
+    /// Its token fired, while it ran or after.
+    fn fired(&self) -> bool {
+        self.token.is_cancelled()
+    }
 }
 
 #[derive(Default)]
@@ -193,6 +341,13 @@ struct Recorder {
     ran: Mutex<HashSet<u64>>,
     /// Told when a sleeping task starts on pool A (armed just before A's shutdown).
     sleeping_on_a: Mutex<Option<Sender<()>>>,
+    /// The downstream is out (the outage thread sets it).
+    outage: AtomicBool,
+    /// LIMITED's handlers running now, in both pools, and the most ever seen at once.
+    limited_now: AtomicUsize,
+    limited_most: AtomicUsize,
+    /// Every event a pool's hook heard: the pool, the event, the tick it was heard at.
+    events: Mutex<Vec<(&'static str, Event, u64)>>,
 }
 
 impl Recorder {
@@ -202,14 +357,23 @@ impl Recorder {
 }
 
 fn run_job(rec: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError> {
-    let start = rec.tick();
+    // Counted before the start tick and uncounted after the end tick: the runs' intervals lie
+    // inside what the counter saw.
+    let limited = job.ty == Ty::Limited;
+    if limited {
+        let now = rec.limited_now.fetch_add(1, Ordering::SeqCst) + 1;
+        rec.limited_most.fetch_max(now, Ordering::SeqCst);
+    }
+    let (start, wall, began) = (rec.tick(), SystemTime::now(), Instant::now());
     let on_a = thread::current()
         .name()
         .is_some_and(|n| n.starts_with("pg-soak-a-"));
     let first_of_seq = rec.ran.lock().unwrap().insert(job.seq);
+    let outage = job.ty.calls_downstream() && rec.outage.load(Ordering::SeqCst);
     let mut interrupted = false;
     let retryable = |error: HandlerError| (Returned::Retryable, Err(error));
     let (returned, result) = match job.kind {
+        _ if outage => retryable(HandlerError::retryable("the downstream is out")),
         Kind::Succeed => (Returned::Ok, Ok(job.output())),
         Kind::Transient(fails) if ctx.attempt() <= fails => {
             let error = HandlerError::retryable(format!("transient failure {}", ctx.attempt()));
@@ -240,8 +404,31 @@ fn run_job(rec: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError
                 }
             }
         }
+        Kind::Overrun { until, ok } if ctx.attempt() <= until => {
+            // Bounded, so that a monitor that never fires cannot hang the run.
+            match ctx.sleep(TIMEOUT * 20) {
+                Err(_) if !ok => {
+                    interrupted = true;
+                    retryable(HandlerError::retryable("gave up at the timeout"))
+                }
+                Err(_) => {
+                    interrupted = true;
+                    (Returned::Ok, Ok(job.output()))
+                }
+                Ok(()) => (Returned::Ok, Ok(job.output())),
+            }
+        }
+        Kind::Overrun { .. } => (Returned::Ok, Ok(job.output())),
+        Kind::Ignore(ms) => {
+            thread::sleep(TIMEOUT + Duration::from_millis(u64::from(ms)));
+            (Returned::Ok, Ok(job.output()))
+        }
     };
+    let fired_while_running = ctx.is_cancelled();
     let (attempt, lease, end) = (ctx.attempt(), ctx.lease_id(), rec.tick());
+    if limited {
+        rec.limited_now.fetch_sub(1, Ordering::SeqCst);
+    }
     let run = Run {
         attempt,
         lease,
@@ -251,6 +438,11 @@ fn run_job(rec: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError
         interrupted,
         first_of_seq,
         on_a,
+        outage,
+        wall,
+        took: began.elapsed(),
+        fired_while_running,
+        token: ctx.token().clone(),
     };
     rec.runs
         .lock()
@@ -279,7 +471,14 @@ fn silence_expected_panics() {
     });
 }
 
-fn build_pool(url: &str, workers: usize, prefetch: usize, rec: &Arc<Recorder>, name: &str) -> Pool {
+fn build_pool(
+    url: &str,
+    workers: usize,
+    prefetch: usize,
+    rec: &Arc<Recorder>,
+    name: &'static str,
+) -> Pool {
+    let hook_rec = Arc::clone(rec);
     let mut builder = Pool::builder()
         .postgres(url.to_owned())
         .workers(workers)
@@ -293,7 +492,16 @@ fn build_pool(url: &str, workers: usize, prefetch: usize, rec: &Arc<Recorder>, n
         // Every row stays, for the checks; every dead letter too.
         .retention(usize::MAX, None)
         .dead_letter_limit(1_000_000)
-        .thread_name(name);
+        .thread_name(name)
+        // The same mitigations on every pool, as every process of one application would set.
+        .breaker(DOWNSTREAM, BREAKER)
+        .aging(AGING)
+        .stuck_after(STUCK_AFTER)
+        .on_event(move |event: &Event| {
+            let tick = hook_rec.tick();
+            let mut events = hook_rec.events.lock().unwrap();
+            events.push((name, event.clone(), tick));
+        });
     for ty in Ty::ALL {
         let rec = Arc::clone(rec);
         let handler = move |ctx: &Context, job: &Job| run_job(&rec, ctx, job);
@@ -348,6 +556,8 @@ enum Origin {
 
 struct Accepted {
     job: Job,
+    /// Its own priority (a resubmit keeps the dead letter's).
+    priority: u8,
     deps: Vec<TaskId>,
     key: Option<String>,
     origin: Origin,
@@ -381,9 +591,9 @@ impl Produced {
         &mut self,
         f: &Findings,
         handle: TaskHandle<u64>,
-        task: (Job, Vec<TaskId>, Option<String>, Origin),
+        task: (Job, u8, Vec<TaskId>, Option<String>, Origin),
     ) {
-        let (id, (job, deps, key, origin)) = (handle.id(), task);
+        let (id, (job, priority, deps, key, origin)) = (handle.id(), task);
         f.check(
             !self.tasks.contains_key(&id),
             "one id given to two tasks",
@@ -394,6 +604,7 @@ impl Produced {
             id,
             Accepted {
                 job,
+                priority,
                 deps,
                 key,
                 origin,
@@ -440,13 +651,21 @@ fn produce(
                 let _ = go.send(());
             }
         }
-        let ty = Ty::ALL[rng.below(3) as usize];
-        let count = if rng.chance(25) { 2 + rng.below(5) } else { 1 }.min(cx.tasks - seq);
+        let ty = Ty::pick(rng);
+        // LIMITED comes in batches more often, so that its tasks press on its limit.
+        let batch = if ty == Ty::Limited { 60 } else { 25 };
+        let count = if rng.chance(batch) {
+            2 + rng.below(5)
+        } else {
+            1
+        }
+        .min(cx.tasks - seq);
         let (mut batch, mut meta) = (Vec::new(), Vec::new());
         for _ in 0..count {
             let job = make_job(rng, seq, ty);
             seq += 1;
-            let mut task = ty.task_type().task(job).priority(rng.below(10) as u8);
+            let priority = rng.below(10) as u8;
+            let mut task = ty.task_type().task(job).priority(priority);
             if rng.chance(10) {
                 task = task.delay(Duration::from_millis(1 + rng.below(30)));
             }
@@ -465,7 +684,7 @@ fn produce(
                 task = task.after(deps.iter().copied());
             }
             batch.push(task);
-            meta.push((job, deps, key));
+            meta.push((job, priority, deps, key));
         }
         let result = if count == 1 && rng.chance(70) {
             let submitted = cx.producer.submit(batch.pop().unwrap());
@@ -489,7 +708,7 @@ fn produce(
                 continue;
             }
         };
-        for (handle, (job, deps, key)) in handles.into_iter().zip(meta) {
+        for (handle, (job, priority, deps, key)) in handles.into_iter().zip(meta) {
             let id = handle.id();
             if handle.is_duplicate() {
                 p.count("duplicates");
@@ -530,7 +749,8 @@ fn produce(
                     None => cx.f.add("another pool has no handle", || format!("{id}")),
                 }
             }
-            p.accept(cx.f, handle, (job, deps, key, Origin::Submitted));
+            let task = (job, priority, deps, key, Origin::Submitted);
+            p.accept(cx.f, handle, task);
         }
         if seq >= next_dead_letter_pass {
             next_dead_letter_pass += 40 + rng.below(40);
@@ -555,7 +775,10 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
     let (pool, f) = (cx.producer, cx.f);
     let letters = match rng.below(3) {
         0 => pool.dead_letters(),
-        1 => pool.dead_letters_of(Ty::ALL[rng.below(3) as usize].task_type(), None, 30),
+        1 => {
+            let ty = Ty::ALL[rng.below(Ty::ALL.len() as u64) as usize];
+            pool.dead_letters_of(ty.task_type(), None, 30)
+        }
         _ => {
             let page = pool.dead_letters_after(p.page_after, 10);
             p.page_after = page.last().map(|letter| letter.id);
@@ -569,15 +792,24 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
             continue;
         };
         let (job, key, ty) = (task.job, task.key.clone(), task.job.ty.task_type());
-        let reasons = [
-            FailureReason::Exhausted,
-            FailureReason::Permanent,
-            FailureReason::Panicked,
-        ];
-        let fits = letter.task_type == ty.name() && reasons.contains(&letter.failure.reason);
+        let (priority, timed) = (task.priority, job.ty == Ty::Timed);
+        let reason = letter.failure.reason;
+        let fits = letter.task_type == ty.name()
+            && match reason {
+                FailureReason::Exhausted | FailureReason::Permanent => true,
+                FailureReason::Panicked => true,
+                FailureReason::TimedOut => timed,
+                _ => false,
+            };
         f.check(fits, "a dead letter's type or reason is wrong", || {
             format!("{letter:?} of {job:?}")
         });
+        // Aging raised its priority while it waited; the task's own stays its own.
+        f.check(
+            letter.priority == priority,
+            "a dead letter's priority is not its own",
+            || format!("{letter:?}: its own is {priority}"),
+        );
         p.listed.entry(id).or_insert(letter.failure.clone());
         if !rng.chance(40) {
             continue;
@@ -592,7 +824,8 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
                             let at = Instant::now() + Duration::from_micros(rng.below(10_000));
                             orders.send((at, handle.id(), handle.clone())).unwrap();
                         }
-                        p.accept(f, handle, (job, Vec::new(), key, Origin::Resubmitted(id)));
+                        let task = (job, priority, Vec::new(), key, Origin::Resubmitted(id));
+                        p.accept(f, handle, task);
                     }
                     Err(error) => check_refusal(cx, p, id, error),
                 }
@@ -609,11 +842,8 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
                 p.resubmitted.insert(id, revived.task.id());
                 let mut renamed = HashMap::from([(id, revived.task.id())]);
                 renamed.extend(revived.dependents.iter().copied());
-                p.accept(
-                    f,
-                    revived.task,
-                    (job, Vec::new(), key, Origin::Resubmitted(id)),
-                );
+                let task = (job, priority, Vec::new(), key, Origin::Resubmitted(id));
+                p.accept(f, revived.task, task);
                 for (old, new) in revived.dependents {
                     p.count("dependents brought back");
                     p.resubmitted.insert(old, new);
@@ -622,6 +852,7 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
                         continue;
                     };
                     let (job, key) = (dependent.job, dependent.key.clone());
+                    let priority = dependent.priority;
                     let deps = dependent
                         .deps
                         .iter()
@@ -629,14 +860,16 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
                         .collect();
                     match pool.handle(job.ty.task_type(), new) {
                         Some(handle) => {
-                            p.accept(f, handle, (job, deps, key, Origin::BroughtBack(old)))
+                            let task = (job, priority, deps, key, Origin::BroughtBack(old));
+                            p.accept(f, handle, task)
                         }
                         None => f.add("no handle to a dependent brought back", || format!("{new}")),
                     }
                 }
             }
             14 => {
-                let wrong = Ty::ALL[(job.ty as usize + 1 + rng.below(2) as usize) % 3];
+                let n = Ty::ALL.len();
+                let wrong = Ty::ALL[(job.ty as usize + 1 + rng.below(n as u64 - 1) as usize) % n];
                 let result = pool.resubmit(wrong.task_type(), id).map(|h| h.id());
                 let refused = matches!(result, Err(ResubmitError::TypeMismatch(i)) if i == id);
                 f.check(
@@ -749,6 +982,66 @@ fn sample(cx: &Cx<'_>, a_closing: &AtomicBool, stop: Receiver<()>) {
     }
 }
 
+/// Takes the downstream out and brings it back at random until told to stop; returns how many
+/// outages there were. It is back when this returns.
+fn outages(rec: &Recorder, mut rng: Rng, stop: Receiver<()>) -> usize {
+    let mut pause = |(lo, hi): (u64, u64)| Duration::from_millis(lo + rng.below(hi - lo));
+    for outages in 0.. {
+        if stop.recv_timeout(pause(UP_MS)) != Err(RecvTimeoutError::Timeout) {
+            return outages;
+        }
+        rec.outage.store(true, Ordering::SeqCst);
+        let stopped = stop.recv_timeout(pause(DOWN_MS)) != Err(RecvTimeoutError::Timeout);
+        rec.outage.store(false, Ordering::SeqCst);
+        if stopped {
+            return outages + 1;
+        }
+    }
+    unreachable!("the outages end when the producer is done")
+}
+
+/// Logs, in the test's schema, what the pools' handlers cannot see: each change of a breaker's
+/// state and each claim of RATED, in the order the database made them. A trigger's insert runs
+/// in the transaction that made the change, while it holds the lock of the row it changed, so
+/// `seq` follows the order in which the changes of one row commit (one breaker's, or, for the
+/// claims of RATED, its bucket's: a gated claim locks the type's gate row before it claims). A
+/// transaction rolled back logs nothing. `tx_at` is the transaction's `now()`, the time the
+/// store's gates reckon with (`tasq_now()`).
+fn install_logs(db: &TestDb) {
+    let rated = Ty::Rated.task_type().name();
+    db.client()
+        .batch_execute(&format!(
+            "CREATE TABLE soak_breaker_log (
+                 seq BIGSERIAL PRIMARY KEY, name TEXT NOT NULL, old_state TEXT NOT NULL,
+                 new_state TEXT NOT NULL, tx_at TIMESTAMPTZ NOT NULL, opened_at TIMESTAMPTZ,
+                 probe_task BIGINT, probe_lease BIGINT);
+             CREATE FUNCTION soak_log_breaker() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO soak_breaker_log
+                     (name, old_state, new_state, tx_at, opened_at, probe_task, probe_lease)
+                 VALUES (NEW.name, OLD.state, NEW.state, now(), NEW.opened_at, NEW.probe_task,
+                         NEW.probe_lease);
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER soak_breaker_log AFTER UPDATE ON tasq_gates FOR EACH ROW
+                 WHEN (NEW.kind = 'downstream' AND OLD.state IS DISTINCT FROM NEW.state)
+                 EXECUTE FUNCTION soak_log_breaker();
+             CREATE TABLE soak_claims (
+                 seq BIGSERIAL PRIMARY KEY, id BIGINT NOT NULL, lease BIGINT,
+                 tx_at TIMESTAMPTZ NOT NULL, at TIMESTAMPTZ NOT NULL);
+             CREATE FUNCTION soak_log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 INSERT INTO soak_claims (id, lease, tx_at, at)
+                 VALUES (NEW.id, NEW.lease_id, now(), clock_timestamp());
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER soak_claims AFTER UPDATE ON tasq_tasks FOR EACH ROW
+                 WHEN (NEW.type = '{rated}' AND NEW.status = 'running' AND OLD.status <> 'running')
+                 EXECUTE FUNCTION soak_log_claim();"
+        ))
+        .expect("install the soak's logs");
+}
+
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
@@ -756,6 +1049,7 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn durable_soak() {
     let Some(db) = TestDb::new() else { return };
+    install_logs(&db);
     silence_expected_panics();
     let started = Instant::now();
     let tasks = env_u64("TASQ_PG_SOAK_TASKS").unwrap_or(DEFAULT_TASKS);
@@ -804,9 +1098,11 @@ fn durable_soak() {
     let (order_tx, order_rx) = crossbeam_channel::unbounded();
     let (close_tx, close_rx) = crossbeam_channel::bounded::<()>(1);
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-    let cancel_rng = Rng(seed ^ 0xC0FF_EE00);
-    let (p, cancels, (report_a, a_closed), outcomes) = thread::scope(|s| {
+    let (outage_stop, outage_stopped) = crossbeam_channel::bounded::<()>(0);
+    let (cancel_rng, outage_rng) = (Rng(seed ^ 0xC0FF_EE00), Rng(seed ^ 0x0DD_BA11));
+    let (p, cancels, (report_a, a_closed), outcomes, timeline) = thread::scope(|s| {
         let canceller = s.spawn(|| cancel_loop(order_rx, &cx, &rec, cancel_rng));
+        let outage = s.spawn(|| outages(&rec, outage_rng, outage_stopped));
         let sampler = s.spawn(|| sample(&cx, &a_closing, stop_rx));
         let closer = s.spawn(|| {
             // When the producer says, once a handler of A sleeps (or after 2 s).
@@ -818,10 +1114,14 @@ fn durable_soak() {
             (pool_a.shutdown(a_deadline), rec.tick())
         });
         let p = produce(&cx, &mut rng, order_tx, (close_tx, close_a_after));
+        // The downstream is back for the end: the breaker closes and what it held runs.
+        drop(outage_stop);
+        let outages = outage.join().unwrap();
         let cancels = canceller.join().unwrap();
         let a = closer.join().unwrap();
 
         set_phase("waiting for every handle");
+        let produced = started.elapsed();
         let mut give_up = Instant::now() + HANDLE_STALL;
         let mut outcomes: HashMap<TaskId, Outcome<u64>> = HashMap::new();
         for id in &p.order {
@@ -852,10 +1152,18 @@ fn durable_soak() {
         }
         drop(stop_tx);
         sampler.join().unwrap();
-        (p, cancels, a, outcomes)
+        (
+            p,
+            cancels,
+            a,
+            outcomes,
+            (outages, produced, started.elapsed()),
+        )
     });
 
     set_phase("shutting down");
+    // Nothing is left to run: the breaker stays as it is.
+    let breakers = pool_b.stats().breakers;
     let report_b = pool_b.shutdown(Duration::from_secs(30));
     producer.shutdown(Duration::from_secs(30));
     set_phase("checking");
@@ -868,6 +1176,13 @@ fn durable_soak() {
         &outcomes,
         (&report_a, a_closed),
     );
+    let end = End {
+        report_a: &report_a,
+        a_closed,
+        outages: timeline.0,
+        breakers,
+    };
+    let mitigations = check_mitigations(&cx, &rec, &db, &p, &outcomes, &end);
 
     let runs: usize = rec.runs.lock().unwrap().values().map(Vec::len).sum();
     let mut states: BTreeMap<String, usize> = BTreeMap::new();
@@ -881,12 +1196,15 @@ fn durable_soak() {
     println!(
         "postgres soak (seed {seed}): {} tasks accepted, {runs} runs, outcomes {states:?}\n  {:?}\n  \
          cancels {cancelled:?}\n  pool A shut down after {close_a_after} submits, deadline \
-         {a_deadline:?}: reached {}, {} interrupted; pool B's report: {} succeeded\n  {:.1} s",
+         {a_deadline:?}: reached {}, {} interrupted; pool B's report: {} succeeded\n  \
+         {mitigations}\n  produced in {:.1} s, every task ended at {:.1} s, {:.1} s in all",
         p.order.len(),
         p.counts,
         report_a.deadline_reached,
         report_a.interrupted.len(),
         report_b.succeeded,
+        timeline.1.as_secs_f64(),
+        timeline.2.as_secs_f64(),
         started.elapsed().as_secs_f64(),
     );
     drop(done);
@@ -898,6 +1216,75 @@ fn durable_soak() {
 }
 
 // ===== the checks =====
+
+/// Whether a run's ending may let its task run again if attempts are left: a retryable error,
+/// or (TIMED) anything but a panic if it may have timed out (see [`timed_out`]).
+fn retries(ty: Ty, run: &Run) -> bool {
+    let timed_out = ty == Ty::Timed
+        && timed_out(run, true).contains(&true)
+        && run.returned != Returned::Panicked;
+    run.returned == Returned::Retryable || timed_out
+}
+
+/// How much longer than the handler's own measure the pool's measure of a run may be: the
+/// worker reads the clock just before the handler starts and just after it returns.
+const RUN_SLACK: Duration = Duration::from_millis(5);
+
+/// Whether a run of TIMED timed out, as far as the test can tell. The pool times a run out if
+/// its token fired (the timeout, before the worker took the run back) or the run lasted the
+/// timeout. So: `[true]` if the handler itself took the timeout or longer, or the token fired
+/// while the handler ran with no cancel asked for and no shutdown deadline (`deadline`) to fire
+/// it; `[false]` if the token never fired and the run was well short of the timeout; either if
+/// the token fired only after the handler returned (a timeout late by a hair, or the heartbeat's
+/// firing of a run whose ending it saw written), or the deadline may have fired it, or the run
+/// came within [`RUN_SLACK`] of the timeout.
+fn timed_out(run: &Run, deadline: bool) -> &'static [bool] {
+    if run.took >= TIMEOUT {
+        return &[true];
+    }
+    match (run.fired(), run.fired_while_running && !deadline) {
+        (false, _) if run.took + RUN_SLACK < TIMEOUT => &[false],
+        (true, true) => &[true],
+        _ => &[true, false],
+    }
+}
+
+/// Whether a task of a type with mitigations ended as its runs say: as the last one returned,
+/// unless (TIMED) it timed out, which makes anything but a panic a failed attempt, never a
+/// success; a failed attempt with none left is a dead letter (`Exhausted`, or `TimedOut`).
+/// `deadline`: its last run was on pool A when the shutdown deadline fired the tokens there.
+fn ends_as_its_runs_say(job: Job, runs: &[Run], outcome: &Outcome<u64>, deadline: bool) -> bool {
+    let Some(last) = runs.last() else {
+        return false;
+    };
+    let (n, max) = (runs.len() as u32, job.ty.max_attempts());
+    let fits = |timed_out: bool| match outcome {
+        Outcome::Succeeded(output) => {
+            *output == job.output() && last.returned == Returned::Ok && !timed_out
+        }
+        Outcome::Failed(failure) => {
+            failure.attempts == n
+                && match failure.reason {
+                    FailureReason::Permanent => last.returned == Returned::Permanent && !timed_out,
+                    FailureReason::Panicked => {
+                        last.returned == Returned::Panicked && failure.error.starts_with(MARKER)
+                    }
+                    FailureReason::Exhausted => {
+                        last.returned == Returned::Retryable && !timed_out && n == max
+                    }
+                    FailureReason::TimedOut => {
+                        timed_out && last.returned != Returned::Panicked && n == max
+                    }
+                    _ => false,
+                }
+        }
+        Outcome::Cancelled(_) => false,
+    };
+    match job.ty {
+        Ty::Timed => timed_out(last, deadline).iter().any(|&t| fits(t)),
+        _ => fits(false),
+    }
+}
 
 fn check_run(
     cx: &Cx<'_>,
@@ -934,7 +1321,8 @@ fn check_run(
             });
         }
     }
-    let sql = "SELECT id, status, attempts, max_attempts, dead, resubmitted_as FROM tasq_tasks";
+    let sql = "SELECT id, status, attempts, max_attempts, dead, resubmitted_as, priority, \
+               base_priority FROM tasq_tasks";
     let rows = db.client().query(sql, &[]).expect("read the rows");
     let counts = format!("{} rows, {} tasks", rows.len(), p.order.len());
     f.check(
@@ -982,8 +1370,10 @@ fn check_run(
                 pair[0].lease < pair[1].lease,
                 "a later run has an older lease",
             );
-            let retried = pair[0].returned == Returned::Retryable;
-            expect(retried, "a task ran again after a run that ended it");
+            expect(
+                retries(job.ty, &pair[0]),
+                "a task ran again after a run that ended it",
+            );
         }
 
         // Dependencies: a dependent starts only after all of them succeeded, and never runs if
@@ -1031,11 +1421,15 @@ fn check_run(
                 _ => expect(false, "a cancel failed"),
             }
         }
-        for run in runs.iter().filter(|r| r.interrupted) {
-            let why = requested || (run.on_a && interrupted.contains(id));
+        // While it ran. (After it returned, see `Run::token`: that changes nothing.)
+        for run in runs
+            .iter()
+            .filter(|r| r.interrupted || r.fired_while_running)
+        {
+            let why = requested || (run.on_a && interrupted.contains(id)) || job.ty == Ty::Timed;
             expect(
                 why,
-                "a token fired without a cancel or the shutdown deadline",
+                "a token fired without a cancel, the shutdown deadline or a timeout",
             );
         }
 
@@ -1055,6 +1449,12 @@ fn check_run(
             }
             Outcome::Cancelled(_) => false,
             _ if requested => false,
+            // The types with mitigations: what the runs returned, the timeout and the attempts
+            // say how it ends (the handlers follow their payloads; outages add failures).
+            _ if job.ty.mitigated() => {
+                let deadline = last.is_some_and(|r| r.on_a) && interrupted.contains(id);
+                ends_as_its_runs_say(job, runs, outcome, deadline)
+            }
             Outcome::Succeeded(output) => {
                 *output == job.output()
                     && last.is_some_and(|r| r.returned == Returned::Ok)
@@ -1112,6 +1512,16 @@ fn check_run(
         };
         let (status, attempts, row_max): (&str, i32, i32) = (row.get(1), row.get(2), row.get(3));
         let (dead, resubmitted_as): (bool, Option<i64>) = (row.get(4), row.get(5));
+        // Aging raises `priority` and keeps the task's own in `base_priority`; it never lowers
+        // a priority, nor lifts one past the ceiling.
+        let (priority, base): (i16, Option<i16>) = (row.get(6), row.get(7));
+        let own = i16::from(task.priority);
+        let ceiling = i16::from(AGING.ceiling()).max(own);
+        f.check(
+            base.unwrap_or(priority) == own && (own..=ceiling).contains(&priority),
+            "aging lost a task's own priority or went past the ceiling",
+            || format!("{id}: priority {priority}, base {base:?}; its own is {own}"),
+        );
         let dead_letter =
             outcome.is_failed() && !p.taken.contains(id) && !p.resubmitted.contains_key(id);
         let fits = status == format!("{:?}", outcome.state()).to_lowercase()
@@ -1176,18 +1586,30 @@ fn check_run(
             )
         });
     }
-    // A retryable run before the last attempt is a retry, unless a cancel ended it.
-    let retryable = all_runs
+    // A retryable run before the last attempt is a retry, unless a cancel ended it. (Some runs
+    // of TIMED may or may not have timed out: see `timed_out`.)
+    let (mut retryable, mut unsure) = (0, 0);
+    for (id, r) in all_runs
         .iter()
-        .flat_map(|(id, runs)| runs.iter().map(move |r| (id, r)));
-    let retryable = retryable.filter(|(id, r)| {
-        r.returned == Returned::Retryable && r.attempt < p.tasks[id].job.ty.max_attempts()
-    });
-    let (retryable, retried) = (retryable.count() as u64, sum(|t| t.retried));
-    let cancelled = seen(TaskState::Cancelled);
-    let fits = retried <= retryable && retried + cancelled >= retryable;
+        .flat_map(|(id, runs)| runs.iter().map(move |r| (id, r)))
+    {
+        let ty = p.tasks[id].job.ty;
+        if !retries(ty, r) || r.attempt >= ty.max_attempts() {
+            continue;
+        }
+        let deadline = r.on_a && interrupted.contains(id);
+        match r.returned == Returned::Retryable || timed_out(r, deadline) == [true] {
+            true => retryable += 1,
+            false => unsure += 1,
+        }
+    }
+    let (retried, cancelled) = (sum(|t| t.retried), seen(TaskState::Cancelled));
+    let fits = retried <= retryable + unsure && retried + cancelled >= retryable;
     f.check(fits, "the retries counted do not fit the runs", || {
-        format!("retried {retried}, retryable runs {retryable}, cancelled {cancelled}")
+        format!(
+            "retried {retried}, retryable runs {retryable} (and {unsure} unsure), cancelled \
+             {cancelled}"
+        )
     });
     for (name, t) in ["producer", "A", "B"].iter().zip(&totals) {
         let clean = t.worker_panics == 0 && t.store_errors == 0;
@@ -1202,4 +1624,442 @@ fn check_run(
         "pool A's shutdown report differs from its totals",
         || format!("{report_a:?} vs {:?}", totals[1]),
     );
+}
+
+/// What the end of the run hands to [`check_mitigations`].
+struct End<'a> {
+    report_a: &'a ShutdownReport,
+    /// The tick when pool A's shutdown returned.
+    a_closed: u64,
+    /// How many outages there were.
+    outages: usize,
+    /// The breakers as pool B saw them at the end.
+    breakers: Vec<(&'static str, BreakerState)>,
+}
+
+/// The invariants of the mitigations (see the module docs); returns what the run did with them,
+/// to print.
+fn check_mitigations(
+    cx: &Cx<'_>,
+    rec: &Recorder,
+    db: &TestDb,
+    p: &Produced,
+    outcomes: &HashMap<TaskId, Outcome<u64>>,
+    end: &End<'_>,
+) -> String {
+    let f = cx.f;
+    let all_runs = rec.runs.lock().unwrap();
+    let events = rec.events.lock().unwrap();
+    let mut client = db.client();
+    let runs_of = |id: &TaskId| all_runs.get(id).map_or(&[][..], Vec::as_slice);
+    let runs_of_type = |ty: Ty| {
+        all_runs
+            .iter()
+            .filter(move |(id, _)| p.tasks.get(id).is_some_and(|t| t.job.ty == ty))
+            .flat_map(|(id, runs)| runs.iter().map(move |r| (*id, r)))
+    };
+    let pool_of = |run: &Run| if run.on_a { "pg-soak-a" } else { "pg-soak-b" };
+    let mut did = Vec::new();
+
+    // ----- LIMITED: never more than its limit at once, across both pools -----
+    // The limit counts running rows. A run whose lease was lost (the reaper gave its task to a
+    // new run while it still ran) is a second run of one row: the store does not count it, so
+    // such runs are set aside, and the counter may exceed the limit by as many. (With a lease of
+    // 10 s there are none.)
+    let limited: Vec<(TaskId, &Run)> = runs_of_type(Ty::Limited).collect();
+    let lost_lease = |id: &TaskId, run: &Run| {
+        runs_of(id)
+            .iter()
+            .any(|o| o.lease > run.lease && o.start < run.end)
+    };
+    let most_at_once = |live_only: bool| {
+        let mut steps: Vec<(u64, i64)> = Vec::new();
+        for (id, run) in &limited {
+            if !(live_only && lost_lease(id, run)) {
+                steps.extend([(run.start, 1), (run.end, -1)]);
+            }
+        }
+        // Ticks are unique: the order is total.
+        steps.sort_unstable();
+        let (mut now, mut most) = (0i64, 0i64);
+        for (_, step) in steps {
+            now += step;
+            most = most.max(now);
+        }
+        most as usize
+    };
+    let lost = limited.iter().filter(|(id, r)| lost_lease(id, r)).count();
+    let (live, overlapping) = (most_at_once(true), most_at_once(false));
+    let counted = rec.limited_most.load(Ordering::SeqCst);
+    let limit = LIMIT as usize;
+    f.check(
+        live <= limit,
+        "LIMITED ran more than its limit at once",
+        || format!("{live} runs at once (limit {limit}); the counter saw {counted}"),
+    );
+    f.check(
+        counted <= limit + lost,
+        "LIMITED's handlers counted more than its limit at once",
+        || format!("{counted} (limit {limit}, runs whose lease was lost {lost})"),
+    );
+    // The runs' ticks lie inside what the counter counted: it saw every overlap they show.
+    f.check(
+        overlapping <= counted,
+        "LIMITED's counter missed an overlap of its runs",
+        || format!("the runs overlap {overlapping} at once; the counter saw {counted}"),
+    );
+    if limited.len() >= 300 {
+        f.check(
+            counted == limit,
+            "LIMITED never reached its limit (not tested)",
+            || format!("{counted} at once at most, in {} runs", limited.len()),
+        );
+    }
+    did.push(format!(
+        "LIMITED: {} runs, at most {counted} at once (limit {limit}), {lost} lost leases",
+        limited.len()
+    ));
+
+    // ----- RATED: at most burst + rate × t starts over any stretch t -----
+    let (burst, per_second) = (f64::from(RATE.burst()), RATE.starts_per_second());
+    // The largest excess over the bound of the starts at `times` (sorted), in starts.
+    let excess = |times: &[f64]| {
+        let mut worst = f64::NEG_INFINITY;
+        for i in 0..times.len() {
+            for j in i..times.len() {
+                let allowed = burst + per_second * (times[j] - times[i]);
+                worst = worst.max((j - i + 1) as f64 - allowed);
+            }
+        }
+        worst
+    };
+    // The claims, in the order the bucket saw them: each draws one token, earned up to the
+    // latest transaction time the bucket has seen (`refilled_at` only moves forward).
+    let claims = client
+        .query(
+            // Times since the first claim: small numbers, exact to the microsecond as floats.
+            "SELECT EXTRACT(EPOCH FROM tx_at - first)::FLOAT8, lease,
+                    EXTRACT(EPOCH FROM at - first)::FLOAT8, EXTRACT(EPOCH FROM first)::FLOAT8
+             FROM soak_claims, (SELECT min(tx_at) AS first FROM soak_claims) AS f ORDER BY seq",
+            &[],
+        )
+        .expect("read the claims of RATED");
+    let mut latest = f64::NEG_INFINITY;
+    let claimed_at: Vec<f64> = claims
+        .iter()
+        .map(|row| {
+            latest = latest.max(row.get::<_, f64>(0));
+            latest
+        })
+        .collect();
+    let by_claims = excess(&claimed_at);
+    f.check(
+        by_claims <= 1e-6,
+        "RATED was claimed faster than its rate",
+        || format!("{by_claims:.3} claims over burst + rate × t"),
+    );
+    // Each claim's lease, and when it was made (the database's clock: the system's).
+    let first: f64 = claims.first().map_or(0.0, |row| row.get(3));
+    let claimed: HashMap<i64, f64> = claims
+        .iter()
+        .filter_map(|row| Some((row.get::<_, Option<i64>>(1)?, row.get::<_, f64>(2))))
+        .collect();
+    let rated: Vec<(TaskId, &Run)> = runs_of_type(Ty::Rated).collect();
+    let secs = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    let mut lag = [0f64; 2];
+    for (id, run) in &rated {
+        let claim = run.lease.and_then(|lease| claimed.get(&lease));
+        f.check(
+            claim.is_some(),
+            "a run of RATED whose claim the log missed",
+            || format!("{id}: {run:?}"),
+        );
+        if let Some(&at) = claim {
+            let since = (secs(run.wall) - first) - at;
+            // Both read the system clock (the database's `clock_timestamp()` as it claimed).
+            f.check(
+                since >= -CLOCK_READING,
+                "a run of RATED started before its claim",
+                || format!("{id}: {:.1} ms before; {run:?}", -since * 1e3),
+            );
+            let lag = &mut lag[usize::from(run.on_a)];
+            *lag = lag.max(since);
+        }
+    }
+    // What the handlers saw, on the system clock. A start lags its claim: on pool B by the
+    // hand-off to a free worker (a few ms at most, the tolerance), on pool A by as long as a
+    // prefetched claim waits for a worker, which lets starts bunch past the bound (the bucket
+    // meters claims): only B's starts are held to it.
+    let starts = |on_a: Option<bool>| {
+        let mut starts: Vec<f64> = rated
+            .iter()
+            .filter(|(_, r)| on_a.is_none_or(|a| r.on_a == a))
+            .map(|(_, r)| secs(r.wall))
+            .collect();
+        starts.sort_by(f64::total_cmp);
+        excess(&starts)
+    };
+    let (by_starts_b, by_starts) = (starts(Some(false)), starts(None));
+    f.check(
+        by_starts_b <= START_TOLERANCE,
+        "RATED started on pool B faster than its rate",
+        || format!("{by_starts_b:.3} starts over burst + rate × t"),
+    );
+    did.push(format!(
+        "RATED: {} claims, {} runs; starts over burst + rate × t: claims {by_claims:.3}, starts \
+         on B {by_starts_b:.3}, all starts {by_starts:.3}; claim to start at most {:.1} ms on A, \
+         {:.1} ms on B",
+        claims.len(),
+        rated.len(),
+        lag[1] * 1e3,
+        lag[0] * 1e3,
+    ));
+
+    // ----- dead letters: each reported once, by the process that ended it -----
+    let mut reported: HashMap<TaskId, Vec<(&str, &Event)>> = HashMap::new();
+    for (pool, event, _) in events.iter() {
+        if let Event::DeadLetter { id, .. } = event {
+            reported.entry(*id).or_default().push((pool, event));
+        }
+    }
+    let mut dead_letters = 0;
+    for (id, outcome) in outcomes {
+        let Outcome::Failed(failure) = outcome else {
+            continue;
+        };
+        dead_letters += 1;
+        let reports = reported.remove(id).unwrap_or_default();
+        f.check(
+            reports.len() == 1,
+            "a dead letter not reported exactly once",
+            || format!("{id} {failure:?}: reported {reports:?}"),
+        );
+        let ty = p.tasks[id].job.ty.task_type().name();
+        let last_on = runs_of(id).last().map(pool_of);
+        for (pool, event) in reports {
+            let fits = match event {
+                Event::DeadLetter {
+                    task_type,
+                    reason,
+                    attempts,
+                    error,
+                    ..
+                } => {
+                    (*task_type, *reason, *attempts, error)
+                        == (ty, failure.reason, failure.attempts, &failure.error)
+                }
+                _ => false,
+            };
+            f.check(fits, "a dead letter reported unlike its outcome", || {
+                format!("{id}: {event:?} by {pool}; {failure:?}")
+            });
+            let by_its_process = failure.reason == FailureReason::LeaseExpired
+                || last_on.is_some_and(|on| on == pool);
+            f.check(
+                by_its_process,
+                "a dead letter reported by a pool that did not end it",
+                || format!("{id}: reported by {pool}, its last run on {last_on:?}"),
+            );
+        }
+    }
+    for (id, reports) in reported {
+        f.add(
+            "a dead letter reported for a task that did not fail",
+            || format!("{id}: {reports:?}; {:?}", outcomes.get(&id)),
+        );
+    }
+
+    // ----- TIMED: stuck reports, and runs far past the timeout -----
+    let timed: Vec<(TaskId, &Run)> = runs_of_type(Ty::Timed).collect();
+    let mut stuck = HashSet::new();
+    for (pool, event, _) in events.iter() {
+        let Event::Stuck {
+            id,
+            task_type,
+            attempt,
+            running_for,
+        } = event
+        else {
+            continue;
+        };
+        let run = runs_of(id).iter().find(|r| r.attempt == *attempt);
+        let fits = *task_type == Ty::Timed.task_type().name()
+            && *running_for >= TIMEOUT + STUCK_AFTER
+            && run.is_some_and(|r| r.fired() && pool_of(r) == *pool)
+            && stuck.insert((*id, *attempt));
+        f.check(
+            fits,
+            "a stuck report of no run stuck past its timeout",
+            || format!("{event:?} by {pool}; the run {run:?}"),
+        );
+    }
+    for (id, run) in &timed {
+        let kind = p.tasks[id].job.kind;
+        // It slept 20 timeouts on its token: the timeout had all that time to fire it.
+        let overran = matches!(kind, Kind::Overrun { until, .. } if run.attempt <= until);
+        f.check(
+            !overran || run.fired() || run.outage,
+            "a run far past its timeout was not timed out",
+            || format!("{id} {kind:?}: {run:?}"),
+        );
+    }
+    let fired = timed.iter().filter(|(_, r)| r.fired()).count();
+    // Fired while the handler ran, sooner than the timeout after it started: by something else
+    // (a cancel, the deadline, or a lease the heartbeat no longer found).
+    let early = timed
+        .iter()
+        .filter(|(_, r)| r.fired_while_running && r.took < TIMEOUT)
+        .count();
+    let timed_out = outcomes
+        .values()
+        .filter(|o| matches!(o, Outcome::Failed(f) if f.reason == FailureReason::TimedOut))
+        .count();
+    did.push(format!(
+        "TIMED: {} runs, {fired} tokens fired ({early} while running, before the timeout), \
+         {timed_out} timed out for good, {} stuck reports; {dead_letters} dead letters reported",
+        timed.len(),
+        stuck.len()
+    ));
+
+    // ----- the breaker: its changes, in the database's order, follow its state machine -----
+    let log = client
+        .query(
+            "SELECT name, old_state, new_state,
+                    EXTRACT(EPOCH FROM tx_at - opened_at)::FLOAT8, probe_task
+             FROM soak_breaker_log ORDER BY seq",
+            &[],
+        )
+        .expect("read the breaker's log");
+    let by_seq: HashMap<i64, TaskId> = p.order.iter().map(|id| (id.seq() as i64, *id)).collect();
+    let mut state = "closed";
+    let mut made: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, row) in log.iter().enumerate() {
+        let (name, old, new): (&str, &str, &str) = (row.get(0), row.get(1), row.get(2));
+        let change = || format!("change {i}: {name} {old} → {new}, after {state}");
+        f.check(name == DOWNSTREAM, "a breaker of no downstream set", change);
+        f.check(
+            old == state,
+            "a breaker change does not start where the last ended",
+            change,
+        );
+        let allowed = matches!(
+            (old, new),
+            ("closed", "open")
+                | ("open", "half_open")
+                | ("open", "closed")
+                | ("half_open", "open")
+                | ("half_open", "closed")
+        );
+        f.check(
+            allowed,
+            "a breaker change its state machine does not allow",
+            change,
+        );
+        if new == "half_open" {
+            // Reckoned on the time the claim that took the probe reckons with.
+            let since: Option<f64> = row.get(3);
+            let cooled = since.is_some_and(|s| s >= BREAKER.cool_down().as_secs_f64() - 1e-6);
+            f.check(cooled, "a breaker probed before its cool-down", || {
+                format!("{}: {since:?} s after it opened", change())
+            });
+            let probe: Option<i64> = row.get(4);
+            let ty = probe
+                .and_then(|seq| by_seq.get(&seq))
+                .map(|id| p.tasks[id].job.ty);
+            f.check(
+                ty.is_some_and(Ty::calls_downstream),
+                "a breaker's probe is no task of its downstream",
+                || format!("{}: probe {probe:?} of {ty:?}", change()),
+            );
+        }
+        *made.entry(new.to_owned()).or_default() += 1;
+        state = new;
+    }
+    let mut heard: BTreeMap<String, usize> = BTreeMap::new();
+    for (pool, event, _) in events.iter() {
+        if let Event::Breaker { downstream, state } = event {
+            let name = *downstream == DOWNSTREAM;
+            f.check(name, "a breaker event of no downstream set", || {
+                format!("{event:?} by {pool}")
+            });
+            let state = match state {
+                BreakerState::Closed => "closed",
+                BreakerState::Open => "open",
+                BreakerState::HalfOpen => "half_open",
+                _ => "?",
+            };
+            *heard.entry(state.to_owned()).or_default() += 1;
+        }
+    }
+    f.check(
+        heard == made,
+        "the hooks did not hear each breaker change once",
+        || format!("heard {heard:?}; the database made {made:?}"),
+    );
+    let row: String = client
+        .query_one(
+            "SELECT state FROM tasq_gates WHERE kind = 'downstream' AND name = $1",
+            &[&DOWNSTREAM],
+        )
+        .map(|row| row.get(0))
+        .unwrap_or_default();
+    let seen = end.breakers.iter().find(|(name, _)| *name == DOWNSTREAM);
+    let stats = seen.map(|(_, s)| s.to_string().replace('-', "_"));
+    f.check(
+        row == state && stats.as_deref() == Some(state),
+        "the breaker's last change is not its state",
+        || format!("the log ends {state}; the row says {row}, the stats {seen:?}"),
+    );
+    let outage_runs = all_runs.values().flatten().filter(|r| r.outage).count();
+    if outage_runs >= 50 {
+        f.check(
+            made.contains_key("open"),
+            "the breaker never opened in the outages",
+            || format!("{outage_runs} runs failed in {} outages", end.outages),
+        );
+    }
+    did.push(format!(
+        "breaker: {} outages, {outage_runs} runs failed in them; changes {made:?}",
+        end.outages
+    ));
+
+    // ----- the events: no alert (none is set); pool A's hooks quiet after its shutdown -----
+    for (pool, event, tick) in events.iter() {
+        let alert = matches!(
+            event,
+            Event::AlertRaised { .. } | Event::AlertCleared { .. }
+        );
+        f.check(!alert, "an alert event with no alert set", || {
+            format!("{event:?} by {pool}")
+        });
+        let late = *pool == "pg-soak-a" && *tick > end.a_closed;
+        f.check(
+            !late,
+            "pool A's hook heard an event after its shutdown",
+            || format!("{event:?}"),
+        );
+    }
+
+    // ----- aging: it raised some priorities (the rows' checks: never past the ceiling) -----
+    let aged: i64 = client
+        .query_one(
+            "SELECT count(*) FROM tasq_tasks WHERE priority > COALESCE(base_priority, priority)",
+            &[],
+        )
+        .map(|row| row.get(0))
+        .unwrap_or(0);
+    if p.order.len() >= 1000 {
+        f.check(aged > 0, "aging never raised a priority", || {
+            format!("{} tasks", p.order.len())
+        });
+    }
+    did.push(format!(
+        "aging raised {aged} tasks; pool A's deadline interrupted {}",
+        end.report_a.interrupted.len()
+    ));
+    did.join("\n  ")
 }
