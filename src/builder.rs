@@ -388,6 +388,7 @@ impl Builder<Embedded> {
         let monitor = Monitor::new(
             &mut rest.watch,
             &registry,
+            threads.count,
             rest.clock.clone(),
             &threads.name,
         )
@@ -588,6 +589,7 @@ impl Builder<crate::postgres::Postgres> {
         let monitor = Monitor::new(
             &mut rest.watch,
             &registry,
+            threads.count,
             rest.clock.clone(),
             &threads.name,
         )

@@ -3,7 +3,7 @@
 //! rendering in the Prometheus text format.
 
 use std::fmt::{self, Write as _};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::stats::{Stats, TypeStats};
 use crate::store::RunOutcome;
@@ -33,12 +33,10 @@ const BUCKET_NANOS: [u64; 14] = [
     60_000_000_000,
 ];
 
-/// How many copies of each type's counters the workers spread over, so that workers on
-/// different cores do not fight over one cache line for every run.
-const SHARDS: usize = 8;
-
-/// One type's counters (one shard of them), updated by the workers without a lock. Aligned to
-/// two cache lines so that neighbouring shards never share one.
+/// One type's counters in one worker's shard. Only that worker writes them (a plain load and
+/// store, no read-modify-write: nothing to contend on, no locked instruction on the hot path);
+/// anyone reads them. Aligned to two cache lines so that two workers' shards never share one,
+/// nor a pair of lines that the hardware prefetches together.
 #[derive(Default)]
 #[repr(align(128))]
 struct TypeRuns {
@@ -51,51 +49,107 @@ struct TypeRuns {
     sum_nanos: AtomicU64,
 }
 
-/// What the workers count, per task type (by registry index), in [`SHARDS`] shards.
+/// How a run ended, as the metrics count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Succeeded,
+    Retried,
+    Failed,
+}
+
+impl Ended {
+    pub(crate) fn of(outcome: &RunOutcome) -> Ended {
+        match outcome {
+            RunOutcome::Succeeded(_) => Ended::Succeeded,
+            RunOutcome::Retry { .. } => Ended::Retried,
+            RunOutcome::Failed(_) => Ended::Failed,
+        }
+    }
+}
+
+/// A finished run, counted by the store once it has read the time the run ended
+/// ([`Store::complete_and_claim`](crate::store::Store::complete_and_claim)).
+pub(crate) struct RunEnd<'a> {
+    pub(crate) metrics: &'a RunMetrics,
+    pub(crate) worker: usize,
+    pub(crate) type_index: u32,
+    pub(crate) ended: Ended,
+    pub(crate) timed_out: bool,
+    pub(crate) claimed_at: Instant,
+}
+
+impl RunEnd<'_> {
+    /// Counts the run as ended at `at`, on the pool's clock.
+    #[inline]
+    pub(crate) fn count(self, at: Instant) {
+        let took = at.saturating_duration_since(self.claimed_at);
+        self.metrics.record(
+            self.worker,
+            self.type_index,
+            self.ended,
+            took,
+            self.timed_out,
+        );
+    }
+}
+
+/// Adds `by` to a counter that only the calling worker writes.
+fn bump(counter: &AtomicU64, by: u64) {
+    let value = counter.load(Ordering::Relaxed);
+    counter.store(value.wrapping_add(by), Ordering::Relaxed);
+}
+
+/// What the workers count, per task type (by registry index), one shard per worker.
 pub(crate) struct RunMetrics {
-    /// Type `t`'s shard `s` is at `t * SHARDS + s`.
+    /// Worker `w`'s counters of type `t` are at `w * types + t`.
     shards: Vec<TypeRuns>,
     types: usize,
+    workers: usize,
 }
 
 impl RunMetrics {
-    pub(crate) fn new(types: usize) -> Self {
+    pub(crate) fn new(types: usize, workers: usize) -> Self {
+        let workers = workers.max(1);
         RunMetrics {
-            shards: (0..types * SHARDS).map(|_| TypeRuns::default()).collect(),
+            shards: (0..types * workers).map(|_| TypeRuns::default()).collect(),
             types,
+            workers,
         }
     }
 
     /// Counts one run of type `type_index` that took `took` and ended as `outcome`, in the
-    /// shard of worker `worker`.
+    /// shard of worker `worker`: only that worker's thread may call this with its index.
+    #[inline]
     pub(crate) fn record(
         &self,
         worker: usize,
         type_index: u32,
-        outcome: &RunOutcome,
+        ended: Ended,
         took: Duration,
         timed_out: bool,
     ) {
-        let index = type_index as usize * SHARDS + worker % SHARDS;
-        let Some(runs) = self.shards.get(index) else {
+        debug_assert!(worker < self.workers, "a shard per worker");
+        // Out of range (never, for a worker's index): not counted, not someone else's shard.
+        let index = worker * self.types + type_index as usize;
+        let Some(runs) = self.shards.get(index).filter(|_| worker < self.workers) else {
             return;
         };
-        let counter = match outcome {
-            RunOutcome::Succeeded(_) => &runs.succeeded,
-            RunOutcome::Retry { .. } => &runs.retried,
-            RunOutcome::Failed(_) => &runs.failed,
+        let counter = match ended {
+            Ended::Succeeded => &runs.succeeded,
+            Ended::Retried => &runs.retried,
+            Ended::Failed => &runs.failed,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        bump(counter, 1);
         if timed_out {
-            runs.timed_out.fetch_add(1, Ordering::Relaxed);
+            bump(&runs.timed_out, 1);
         }
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         let bucket = BUCKET_NANOS
             .iter()
             .position(|&bound| nanos <= bound)
             .unwrap_or(BUCKET_NANOS.len());
-        runs.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        runs.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        bump(&runs.buckets[bucket], 1);
+        bump(&runs.sum_nanos, nanos);
     }
 
     /// Type `type_index`'s counters, its shards added up.
@@ -104,7 +158,11 @@ impl RunMetrics {
         let mut counts = RunCounts::default();
         let mut buckets = vec![0; BUCKET_NANOS.len() + 1];
         let mut sum_nanos = 0u64;
-        let shards = self.shards.iter().skip(type_index * SHARDS).take(SHARDS);
+        let shards = self
+            .shards
+            .iter()
+            .skip(type_index)
+            .step_by(self.types.max(1));
         for runs in shards {
             counts.succeeded += load(&runs.succeeded);
             counts.retried += load(&runs.retried);
@@ -151,7 +209,10 @@ pub struct RunCounts {
     pub timed_out: u64,
 }
 
-/// How long one task type's runs took, in the buckets of [`RUN_TIME_BUCKETS`].
+/// How long one task type's runs took, in the buckets of [`RUN_TIME_BUCKETS`]. A run is timed
+/// on the pool's clock from the moment a worker claims the task until its outcome is recorded:
+/// the handler's time and a few microseconds of the pool's (on a manual clock, the time the
+/// test advanced meanwhile).
 ///
 /// # Examples
 ///
@@ -477,12 +538,14 @@ mod tests {
 
     #[test]
     fn runs_land_in_their_buckets_and_label_values_are_escaped() {
-        let runs = RunMetrics::new(1);
-        let ok = RunOutcome::Succeeded(Box::new(()));
-        runs.record(0, 0, &ok, Duration::from_micros(500), false);
-        runs.record(1, 0, &ok, Duration::from_millis(1), false);
-        runs.record(9, 0, &ok, Duration::from_secs(61), true);
-        let (counts, histogram) = runs.snapshot(0);
+        let runs = RunMetrics::new(2, 3);
+        let ok = Ended::of(&RunOutcome::Succeeded(Box::new(())));
+        runs.record(0, 1, ok, Duration::from_micros(500), false);
+        runs.record(1, 1, ok, Duration::from_millis(1), false);
+        runs.record(2, 1, ok, Duration::from_secs(61), true);
+        runs.record(2, 0, ok, Duration::from_secs(1), false);
+        assert_eq!(runs.snapshot(0).0.succeeded, 1, "types apart");
+        let (counts, histogram) = runs.snapshot(1);
         assert_eq!((counts.succeeded, counts.timed_out), (3, 1));
         assert_eq!(histogram.buckets[0], 2, "bounds are inclusive");
         assert_eq!(histogram.buckets[14], 1);

@@ -79,13 +79,14 @@ impl Monitor {
     pub(crate) fn new(
         watch: &mut Watch,
         registry: &Registry,
+        workers: usize,
         clock: Clock,
         thread_name: &str,
     ) -> std::io::Result<Arc<Monitor>> {
         let events = Events::start(std::mem::take(&mut watch.hooks), thread_name)?;
         let monitor = Arc::new(Monitor {
             events,
-            runs: RunMetrics::new(registry.entries().len()),
+            runs: RunMetrics::new(registry.entries().len(), workers),
             clock,
             stuck_after: watch.stuck_after,
             interval: watch.interval,

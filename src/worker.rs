@@ -2,12 +2,12 @@
 //! result, complete the task. And the supervision that keeps a worker alive whatever happens.
 
 use std::cell::Cell;
-use std::time::Instant;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::context::Context;
+use crate::metrics::{Ended, RunEnd};
 use crate::monitor::Monitor;
 use crate::registry::Entry;
 use crate::store::{Claim, RunOutcome, Store};
@@ -167,27 +167,33 @@ fn run<S: Store, R: Rng>(
         let timed = entry.timeout.map(|timeout| {
             monitor.begin(claim.id, entry.name, claim.attempt, &claim.token, timeout)
         });
-        let started = Instant::now();
         let outcome = {
             let _running = Running::enter(claim.id);
             let _span = trace::run(claim.id, entry.name, claim.attempt);
             run_handler(entry, &ctx, &claim, rng)
         };
-        let took = started.elapsed();
         let timed_out = timed.is_some_and(|key| monitor.end(key));
         let outcome = if timed_out {
             past_timeout(outcome, entry, &claim, rng)
         } else {
             outcome
         };
-        monitor
-            .runs
-            .record(index, claim.type_index, &outcome, took, timed_out);
+        let ended_as = Ended::of(&outcome);
         if let RunOutcome::Retry { delay, error } = &outcome {
             trace::retry(*delay, error);
         }
+        // Timed from the claim to the outcome's recording, both read by the store on the
+        // pool's clock: no clock read of the worker's own on the hot path.
+        let run = RunEnd {
+            metrics: &monitor.runs,
+            worker: index,
+            type_index: claim.type_index,
+            ended: ended_as,
+            timed_out,
+            claimed_at: claim.claimed_at,
+        };
         let token = ctx.into_token();
-        next = store.complete_and_claim(claim, outcome, token);
+        next = store.complete_and_claim(claim, outcome, token, run);
         held.set(next.as_ref().map(|c| c.id));
     }
 }

@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::sync::Arc;
@@ -90,6 +91,9 @@ pub(crate) struct Claim {
     pub(crate) payload: Box<dyn Any + Send>,
     /// The fencing token of this claim's lease, on a store that leases its claims.
     pub(crate) lease: Option<i64>,
+    /// When a worker took it, on the pool's clock: its run's time is measured from here (one
+    /// reading of the clock per run instead of two).
+    pub(crate) claimed_at: Instant,
 }
 
 /// What the runtime made of one run.
@@ -250,12 +254,16 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// Records the outcome of a claimed task's run, then claims the next task as
     /// [`claim`](Store::claim) does (at once when a task is ready). `token` is the finished
-    /// claim's token, which the next claim reuses if nobody else holds it.
+    /// claim's token, which the next claim reuses if nobody else holds it. `run` is counted in
+    /// the metrics at the time the store reads to record the outcome (the worker does not read
+    /// the clock itself), before the outcome is published: whoever sees the outcome sees the
+    /// run counted.
     fn complete_and_claim(
         &self,
         claim: Claim,
         outcome: RunOutcome,
         token: CancelToken,
+        run: RunEnd<'_>,
     ) -> Option<Claim>;
 
     /// A worker's loop panicked while it held `held` (the engine's own bug): the task ends

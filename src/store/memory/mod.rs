@@ -85,6 +85,7 @@ use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::event::Events;
+use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
@@ -528,11 +529,14 @@ impl Store for MemoryStore {
         claim: Claim,
         outcome: RunOutcome,
         token: CancelToken,
+        run: RunEnd<'_>,
     ) -> Option<Claim> {
         let mut effects = Effects::default();
         let next = {
             let mut state = self.state.lock();
             let now = self.clock.now();
+            // A few relaxed stores to the worker's own counters, before the outcome is public.
+            run.count(now);
             state.complete(claim, outcome, now, &mut effects);
             // The record and the claim have dropped their clones of the token: if the handler
             // kept none either, the next task can have it.

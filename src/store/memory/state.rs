@@ -299,7 +299,7 @@ impl State {
     /// Whether something waits for a time: a scheduled task, or a gate that needs the timer
     /// (invariant 13).
     pub(crate) fn has_timed(&self) -> bool {
-        self.counts.scheduled > 0 || self.gates.has_timer()
+        self.counts.scheduled > 0 || (self.gated && self.gates.has_timer())
     }
 
     pub(crate) fn totals(&self) -> Totals {
@@ -488,7 +488,7 @@ impl State {
             self.counts.enter(TaskState::Ready);
             promoted += 1;
         }
-        if self.gates.held() > 0 && !self.stopping {
+        if self.gated && self.gates.held() > 0 && !self.stopping {
             promoted += self.gates.release_due(
                 now,
                 stamp,
@@ -560,6 +560,7 @@ impl State {
             token,
             payload,
             lease: None,
+            claimed_at: now,
         })
     }
 

@@ -157,6 +157,8 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                     token,
                     payload,
                     lease: Some(lease),
+                    // Stamped again as a worker takes it from the local queue.
+                    claimed_at: store.clock.now(),
                 },
             )),
             Err(error) => bad.push((seq, lease, attempt, error)),

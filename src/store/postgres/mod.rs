@@ -62,6 +62,7 @@ use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::event::Events;
+use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::memory::Retention;
@@ -1560,7 +1561,8 @@ impl Store for PgStore {
             if local.stopping {
                 return None;
             }
-            if let Some(claim) = local.queue.pop_front() {
+            if let Some(mut claim) = local.queue.pop_front() {
+                claim.claimed_at = self.clock.now();
                 return Some(claim);
             }
             if local.closed {
@@ -1575,8 +1577,10 @@ impl Store for PgStore {
         claim: Claim,
         outcome: RunOutcome,
         token: CancelToken,
+        run: RunEnd<'_>,
     ) -> Option<Claim> {
         drop(token);
+        run.count(self.clock.now());
         self.complete(claim, outcome);
         self.claim(None)
     }
