@@ -695,10 +695,11 @@ impl PgStore {
         }
         let mut by_priority: Vec<(u8, (usize, f64))> = by_priority.into_iter().collect();
         by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
-        let age = |seconds: f64| Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default();
         stats.ready_by_priority = by_priority.iter().map(|&(p, (n, _))| (p, n)).collect();
-        stats.oldest_ready_by_priority =
-            by_priority.iter().map(|&(p, (_, a))| (p, age(a))).collect();
+        stats.oldest_ready_by_priority = by_priority
+            .iter()
+            .map(|&(p, (_, a))| (p, rows::age(a)))
+            .collect();
         stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
         if !self.registry.downstreams.is_empty() {
             stats.breakers = gates::breaker_states(self);
@@ -706,14 +707,15 @@ impl PgStore {
         Ok(stats)
     }
 
+    /// Every registered type with no backlog, in registry order.
+    fn empty_type_stats(&self) -> Vec<TypeStats> {
+        let entries = self.registry.entries();
+        entries.iter().map(|e| TypeStats::new(e.name)).collect()
+    }
+
     /// The backlog behind [`Store::type_stats`], or the error that kept it from being read.
     fn read_type_stats(&self) -> Result<Vec<TypeStats>, String> {
-        let mut types: Vec<TypeStats> = self
-            .registry
-            .entries()
-            .iter()
-            .map(|e| TypeStats::new(e.name))
-            .collect();
+        let mut types = self.empty_type_stats();
         let rows = self.with_conn(|c| {
             c.query(
                 "SELECT type,
@@ -735,9 +737,7 @@ impl PgStore {
             let t = &mut types[index as usize];
             t.ready = usize::try_from(row.get::<_, i64>(1)).unwrap_or(0);
             t.running = usize::try_from(row.get::<_, i64>(2)).unwrap_or(0);
-            t.oldest_ready = row
-                .get::<_, Option<f64>>(3)
-                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default());
+            t.oldest_ready = row.get::<_, Option<f64>>(3).map(rows::age);
         }
         Ok(types)
     }
@@ -937,15 +937,14 @@ fn insert_batch(
     // order would be the tasks', which an ending or an ack taking the same rows in id order
     // could meet the other way round. Locked together first, in id order, they are then only
     // locked again.
-    let mut dependencies: Vec<i64> = batch
-        .iter()
-        .flat_map(|task| task.dependencies)
-        .filter_map(|dependency| rows::local_seq(queue, dependency.id()))
-        .collect();
-    dependencies.sort_unstable();
-    dependencies.dedup();
     let with_dependencies = batch.iter().filter(|t| !t.dependencies.is_empty()).count();
     if with_dependencies > 1 {
+        let mut dependencies: Vec<i64> = batch
+            .iter()
+            .flat_map(|task| task.dependencies)
+            .filter_map(|dependency| rows::local_seq(queue, dependency.id()))
+            .collect();
+        dependencies.sort_unstable();
         tx.query(
             "SELECT id FROM tasq_tasks WHERE id = ANY($1) ORDER BY id FOR UPDATE",
             &[&dependencies],
@@ -1306,10 +1305,8 @@ impl Store for PgStore {
     }
 
     fn type_stats(&self) -> Vec<TypeStats> {
-        self.read_type_stats().unwrap_or_else(|_| {
-            let entries = self.registry.entries();
-            entries.iter().map(|e| TypeStats::new(e.name)).collect()
-        })
+        self.read_type_stats()
+            .unwrap_or_else(|_| self.empty_type_stats())
     }
 
     /// Unlike [`stats`](Store::stats), says when the database could not be read: an alert must

@@ -86,3 +86,9 @@ pub(crate) fn instant_in(now: Instant, seconds: f64) -> Instant {
 pub(crate) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
+
+/// An age the database gave in seconds (`EXTRACT(EPOCH FROM ...)`) as a duration, a negative
+/// one (clocks a hair apart) as zero.
+pub(crate) fn age(seconds: f64) -> Duration {
+    Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default()
+}
