@@ -637,6 +637,13 @@ impl<S> Builder<S> {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
+        if workers > crate::store::memory::MAX_WORKERS {
+            return Err(BuildError::InvalidSetting {
+                setting: "the number of workers",
+                of: "the pool",
+                problem: "is above 32,767",
+            });
+        }
         if let Some(name) = self.duplicate {
             return Err(BuildError::DuplicateType(name));
         }
@@ -750,7 +757,7 @@ impl<S> Builder<S> {
 
     /// Sets the number of worker threads. Defaults to the number of CPUs
     /// (`std::thread::available_parallelism`). Zero makes [`build`](Builder::build) fail with
-    /// [`BuildError::ZeroWorkers`].
+    /// [`BuildError::ZeroWorkers`], more than 32,767 with [`BuildError::InvalidSetting`].
     ///
     /// # Examples
     ///

@@ -25,6 +25,24 @@ pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(tasq_loom)]
 pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+/// An unbounded multi-producer multi-consumer queue that pushes and pops without a lock: the
+/// intake of plain submits (`src/store/memory/intake.rs`). crossbeam's `SegQueue` in normal
+/// builds; under loom, a loom mutex around a `VecDeque` (crossbeam's atomics are invisible to
+/// the model checker, and the intake's protocol relies only on pushes and pops being atomic).
+#[cfg(not(tasq_loom))]
+pub type Queue<T> = crossbeam_queue::SegQueue<T>;
+
+#[cfg(tasq_loom)]
+pub use imp::Queue;
+
+/// Lets other threads run: for the one short wait that spins (closing, for producers between
+/// taking an id and announcing their task). loom must see it to explore what they do meanwhile.
+#[cfg(not(tasq_loom))]
+pub use std::thread::yield_now;
+
+#[cfg(tasq_loom)]
+pub use loom::thread::yield_now;
+
 // ===== parking_lot (normal builds) =====
 
 #[cfg(not(tasq_loom))]
@@ -178,6 +196,23 @@ mod imp {
 
         pub fn notify_all(&self) {
             self.0.notify_all();
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Queue<T>(loom::sync::Mutex<std::collections::VecDeque<T>>);
+
+    impl<T> Queue<T> {
+        pub fn new() -> Self {
+            Queue(loom::sync::Mutex::new(std::collections::VecDeque::new()))
+        }
+
+        pub fn push(&self, value: T) {
+            self.0.lock().unwrap().push_back(value);
+        }
+
+        pub fn pop(&self) -> Option<T> {
+            self.0.lock().unwrap().pop_front()
         }
     }
 

@@ -258,7 +258,10 @@ impl<P, O> Task<P, O> {
         }
     }
 
-    /// Sets the priority: higher runs first; equal priorities run in submission order.
+    /// Sets the priority: higher runs first; equal priorities run in the order they became
+    /// ready, which for tasks due at once is submission order. A worker's next pick weighs every
+    /// submit that returned before it, from any thread; a delayed task or a retry becomes ready
+    /// when a worker next looks after it is due, a dependent when its last dependency succeeds.
     /// Defaults to 0, the lowest.
     ///
     /// # Examples

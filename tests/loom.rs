@@ -445,3 +445,54 @@ fn a_task_held_by_a_concurrency_limit_starts_when_the_slot_frees() {
         pool.shutdown(Duration::from_secs(1));
     });
 }
+
+// ===== the intake (src/store/memory/intake.rs) =====
+//
+// Every model above submits through the intake too: 1 races a submit with the worker going to
+// sleep, 3 a submit with shutdown (a producer between taking its id and announcing its task), 4
+// a cancel with the worker moving the task in. These add two producers at once, and a submit
+// while the only worker sleeps as the timer.
+
+/// 15. Two producers submit while the one worker goes to sleep: one of them wakes it (the other
+/// sees a searcher on its way, or no sleeper), and both tasks run.
+#[test]
+fn two_producers_race_a_worker_going_to_sleep() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, _clock) = pool(1, &runs);
+        let pool = Arc::new(pool);
+        let other = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.submit(JOB.task(1)).unwrap().wait())
+        };
+        let mine = pool.submit(JOB.task(2)).unwrap();
+        assert_eq!(mine.wait(), Outcome::Succeeded(2));
+        assert_eq!(other.join().unwrap(), Outcome::Succeeded(1));
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        let report = pool.shutdown(Duration::from_secs(1));
+        assert_eq!(report.succeeded, 2);
+    });
+}
+
+/// 16. A submit while the only worker sleeps as the timer (a delayed task is due later): the
+/// submit wakes it, it runs the new task, and it still runs the delayed one when it is due.
+#[test]
+fn a_submit_wakes_the_timer() {
+    model(|| {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (pool, clock) = pool(1, &runs);
+        let pool = Arc::new(pool);
+        let later = pool
+            .submit(JOB.task(2).delay(Duration::from_secs(10)))
+            .unwrap();
+        let now = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.submit(JOB.task(1)).unwrap().wait())
+        };
+        assert_eq!(now.join().unwrap(), Outcome::Succeeded(1));
+        assert_eq!(later.status(), TaskState::Scheduled);
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(later.wait(), Outcome::Succeeded(2));
+        pool.shutdown(Duration::from_secs(1));
+    });
+}

@@ -134,4 +134,39 @@ conformance! {
         assert_eq!(log[0], (1, 10), "the priority-1 task runs first: {log:?}");
         assert_eq!(log.len(), 11);
     }
+
+    /// Plain submits wait in the embedded store's intake until a worker picks its next task;
+    /// submits with a key or in a batch go into the queue at once. Either way a worker's next
+    /// pick sees every submit that returned before it, in submission order within a priority.
+    fn every_kind_of_submit_reaches_the_next_pick_in_submission_order(builder) {
+        let clock = ManualClock::new();
+        let (pool, log) = recording_pool(builder, &clock);
+        let gate = Gate::new();
+        let _ = pool.submit(GATE.task(gate.number())).unwrap();
+        gate.wait_started();
+
+        let mut handles = vec![
+            pool.submit(WORK.task((1, 0)).priority(1)).unwrap(),
+            pool.submit(WORK.task((9, 1)).priority(9)).unwrap(),
+            pool.submit(WORK.task((9, 2)).priority(9).key("keyed")).unwrap(),
+            pool.submit(WORK.task((9, 3)).priority(9)).unwrap(),
+        ];
+        handles.extend(
+            pool.submit_batch(vec![
+                WORK.task((5, 4)).priority(5),
+                WORK.task((9, 5)).priority(9),
+            ])
+            .unwrap(),
+        );
+        handles.push(pool.submit(WORK.task((9, 6)).priority(9)).unwrap());
+        handles.push(pool.submit(WORK.task((1, 7)).priority(1)).unwrap());
+        gate.open();
+        for handle in &handles {
+            assert!(finish(handle).is_succeeded());
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            [(9, 1), (9, 2), (9, 3), (9, 5), (9, 6), (5, 4), (1, 0), (1, 7)]
+        );
+    }
 }

@@ -82,6 +82,11 @@ impl Probe {
         self.count();
     }
 
+    /// Tasks armed that have not run yet.
+    pub fn remaining(&self) -> usize {
+        self.remaining.load(Ordering::Acquire)
+    }
+
     /// Waits until every armed task has run.
     pub fn wait(&self) {
         let mut done = self.done.lock().unwrap();
@@ -396,6 +401,24 @@ pub fn throughput(pool: &Pool, tasks: usize) -> Duration {
     for _ in 0..tasks {
         pool.count();
     }
+    PROBE.wait();
+    start.elapsed()
+}
+
+/// Submits `per_producer` counting tasks from each of `producers` threads at once; the time from
+/// the start until the last task has run.
+pub fn throughput_from(pool: &Pool, producers: usize, per_producer: usize) -> Duration {
+    PROBE.arm(producers * per_producer);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..producers {
+            s.spawn(|| {
+                for _ in 0..per_producer {
+                    pool.count();
+                }
+            });
+        }
+    });
     PROBE.wait();
     start.elapsed()
 }

@@ -1,5 +1,15 @@
 //! The embedded store: one lock over the task state, and the wake-up protocol of the workers.
 //!
+//! # Intake
+//!
+//! A plain submit (no dependencies, no key) never takes the lock: it pushes its task onto the
+//! lock-free intake (`intake.rs`, which has its own design note), and a worker moves everything
+//! there into the state when it next looks for work, under the lock it takes anyway. Every
+//! other operation moves the intake in first too, so the state it sees holds every task
+//! accepted so far. A producer takes the lock only to wake a sleeping worker when no other is
+//! on its way (the intake word counts both), and the rules below then apply as for any
+//! transition.
+//!
 //! # Wake-up protocol
 //!
 //! Idle workers sleep in one of two places, both under the pool's one lock:
@@ -51,10 +61,14 @@
 //!    and, with no timer but due times, one idle worker.
 //! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
 //!
+//! A worker about to sleep (either way) first counts itself a sleeper in the intake word; if a
+//! submit is pending there, it moves the intake in and looks again instead (see `intake.rs`).
+//!
 //! Before a worker goes to sleep untimed, it spins for a microsecond or two outside the lock (one
 //! worker at a time), watching `MemoryStore::ready_epoch`, which every transition that makes a task
-//! ready bumps: a worker that keeps up with its producer then catches the next task without two
-//! context switches. A spinning worker is not counted as idle, and it re-checks the queue under
+//! ready bumps, and the intake's pending count: a worker that keeps up with its producer then
+//! catches the next task without two context switches. A spinner counts as a searcher in the
+//! intake word (a producer leaves the task to it), is not counted as idle, and re-checks under
 //! the lock before it sleeps, so spinning never loses a wake-up; it happens once per idle period,
 //! so an idle pool still wakes no thread. Under loom there is no spinning: the models check the
 //! protocol without it, and a spin only adds one more look at the queue before the same sleep.
@@ -63,6 +77,7 @@
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
 
 mod gate;
+mod intake;
 mod queue;
 mod record;
 mod state;
@@ -72,6 +87,9 @@ use std::any::Any;
 use std::time::{Duration, Instant};
 
 use gate::Wakes;
+use intake::Intake;
+pub(crate) use intake::MAX_WORKERS;
+use queue::Epoch;
 pub(crate) use record::Effects;
 pub(crate) use state::{NewTask, Retention, State};
 
@@ -90,7 +108,7 @@ use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{
-    Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak,
+    Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak, yield_now,
 };
 use crate::task::{CancelOutcome, CancelReason, TaskId, TaskState};
 
@@ -103,8 +121,9 @@ pub(crate) struct MemoryStore {
     timer_cv: Condvar,
     /// `shutdown` waits here for the drain and for the workers to exit.
     done_cv: Condvar,
-    /// Set when the pool closes: a submit fails fast without taking the lock.
-    closed: AtomicBool,
+    /// Plain submits, on their way into the state (see `intake.rs`); also where task ids come
+    /// from, and whether the pool is closed.
+    intake: Intake,
     /// Bumped (under the lock) whenever tasks become ready or the pool closes: what spinning
     /// workers watch.
     ready_epoch: AtomicU64,
@@ -114,6 +133,8 @@ pub(crate) struct MemoryStore {
     max_searchers: usize,
     registry: Registry,
     clock: Clock,
+    /// The pool's start on its clock: what due times are stamped from.
+    epoch: Epoch,
     latest_run_at: Instant,
     pool_id: u64,
 }
@@ -148,16 +169,24 @@ impl MemoryStore {
         let epoch = clock.now();
         // An Instant that far out always exists (Instants are at least 64-bit seconds).
         let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
+        let next_seq = Arc::new(AtomicU64::new(1));
         MemoryStore {
             latest_run_at,
+            epoch: Epoch(epoch),
             state: Mutex::new(State::new(
-                retention, workers, epoch, pool_id, events, &registry,
+                retention,
+                workers,
+                epoch,
+                pool_id,
+                events,
+                &registry,
+                Arc::clone(&next_seq),
             )),
             pool_id,
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
-            closed: AtomicBool::new(false),
+            intake: Intake::new(next_seq),
             ready_epoch: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
             max_searchers: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
@@ -188,6 +217,7 @@ impl MemoryStore {
             return false;
         }
         state.notified += 1;
+        self.intake.notified();
         self.work_cv.notify_one();
         true
     }
@@ -199,6 +229,7 @@ impl MemoryStore {
             return false;
         }
         state.timer_notified = true;
+        self.intake.notified();
         self.timer_cv.notify_one();
         true
     }
@@ -247,7 +278,8 @@ impl MemoryStore {
     }
 
     /// Runs a transition under the lock, applies the wake-up rules, then drops the user values it
-    /// set aside once the lock is released.
+    /// set aside once the lock is released. The intake is moved in first: every task accepted
+    /// so far is in the state when `f` looks.
     pub(crate) fn transition<R>(
         &self,
         f: impl FnOnce(&mut State, Instant, &mut Effects) -> R,
@@ -256,6 +288,7 @@ impl MemoryStore {
         let result = {
             let mut state = self.state.lock();
             let now = self.clock.now();
+            self.flush(&mut state, now, &mut effects);
             let result = f(&mut state, now, &mut effects);
             self.notify(&mut state, &effects);
             result
@@ -264,11 +297,58 @@ impl MemoryStore {
         result
     }
 
-    /// Closes the pool to new tasks (idempotent). Returns the lock.
+    // ===== the intake =====
+
+    /// Moves what the intake holds into the state (see `intake.rs`). A closed pool still takes
+    /// it in (those producers passed their check before it closed): a stopped one cancels it at
+    /// once.
+    pub(crate) fn flush(&self, state: &mut State, now: Instant, effects: &mut Effects) {
+        self.intake.drain(|entry| state.admit(entry, now, effects));
+    }
+
+    /// [`flush`](Self::flush), with the wake-up rules applied to what became ready or due.
+    /// Nothing to do once the pool has stopped: `stop` moved the intake in after every task
+    /// accepted before the close was in it (`close`), and nothing is accepted after.
+    fn flush_locked(&self, state: &mut State, now: Instant) {
+        if state.stopping {
+            return;
+        }
+        let mut effects = Effects::default();
+        self.flush(state, now, &mut effects);
+        self.notify(state, &effects);
+        debug_assert!(
+            effects.holds_nothing(),
+            "a running pool's flush drops nothing"
+        );
+    }
+
+    /// A read of the state: the intake moved in first, so that every task accepted so far is
+    /// in the state.
+    fn read<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
+        let mut state = self.state.lock();
+        let now = self.clock.now();
+        self.flush_locked(&mut state, now);
+        f(&mut state, now)
+    }
+
+    /// Closes the pool to new tasks (idempotent), once every task accepted before is in the
+    /// state (see `intake.rs`). Returns the lock.
     fn close(&self) -> MutexGuard<'_, State> {
         let mut state = self.state.lock();
-        state.closed = true;
-        self.closed.store(true, Ordering::Release);
+        if !state.closed {
+            let given = self.intake.close();
+            // A producer that took its id before the flag may still be pushing its task: it
+            // needs no lock for that, so this waits with the lock held, and nobody sees the
+            // pool closed (a worker exits when it is closed and empty) before its task is in.
+            loop {
+                self.flush_locked(&mut state, self.clock.now());
+                if state.took_in(given) {
+                    break;
+                }
+                yield_now();
+            }
+            state.closed = true;
+        }
         // Idle workers re-check whether anything is left to drain.
         self.wake_all();
         state
@@ -278,7 +358,10 @@ impl MemoryStore {
     /// is released. Returns the tasks still running, with their type indexes.
     fn stop(&self, mut state: MutexGuard<'_, State>) -> Vec<(TaskId, u32)> {
         let mut effects = Effects::default();
-        let running = state.stop(self.clock.now(), &mut effects);
+        let now = self.clock.now();
+        // What is still in the intake is cancelled with the rest.
+        self.flush(&mut state, now, &mut effects);
+        let running = state.stop(now, &mut effects);
         self.wake_all();
         drop(state);
         effects.apply();
@@ -294,6 +377,7 @@ impl MemoryStore {
         let mut state = self.state.lock();
         loop {
             let now = self.clock.now();
+            self.flush_locked(&mut state, now);
             if done(&mut state, now) {
                 return Ok(());
             }
@@ -315,7 +399,7 @@ impl Store for MemoryStore {
     }
 
     fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.intake.is_closed()
     }
 
     fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
@@ -336,25 +420,23 @@ impl Store for MemoryStore {
     }
 
     fn status(&self, id: TaskId) -> Option<TaskState> {
-        self.state.lock().status(id)
+        self.read(|state, _| state.status(id))
     }
 
     fn info(&self, id: TaskId) -> Option<TaskInfo> {
-        self.state.lock().info(id, &self.registry)
+        self.read(|state, _| state.info(id, &self.registry))
     }
 
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
-        self.state.lock().completion_of(id)
+        self.read(|state, _| state.completion_of(id))
     }
 
     fn stats(&self) -> Stats {
-        let now = self.clock.now();
-        self.state.lock().stats(now)
+        self.read(|state, now| state.stats(now))
     }
 
     fn type_stats(&self) -> Vec<TypeStats> {
-        let state = self.state.lock();
-        state.type_stats(self.clock.now())
+        self.read(|state, now| state.type_stats(now))
     }
 
     fn dead_letters(
@@ -363,9 +445,7 @@ impl Store for MemoryStore {
         type_index: Option<u32>,
         limit: usize,
     ) -> Vec<DeadLetter> {
-        self.state
-            .lock()
-            .dead_letters(&self.registry, after, type_index, limit)
+        self.read(|state, _| state.dead_letters(&self.registry, after, type_index, limit))
     }
 
     fn purge_dead_letter(&self, id: TaskId) -> bool {
@@ -425,7 +505,11 @@ impl Store for MemoryStore {
             state.handlers_in_shutdown += 1;
         }
         let mut deadline_reached = false;
-        while !state.drained() {
+        loop {
+            self.flush_locked(&mut state, self.clock.now());
+            if state.drained() {
+                break;
+            }
             if deadline.is_some_and(|d| self.clock.now() >= d) {
                 deadline_reached = true;
                 break;
@@ -465,7 +549,19 @@ impl Store for MemoryStore {
     }
 
     fn check_invariants(&self) -> Result<(), String> {
-        self.state.lock().check_invariants()
+        self.read(|state, _| {
+            state.check_invariants()?;
+            // The intake word's sleepers mirror the state's (they change under the lock only).
+            let (_, sleepers, _) = self.intake.counts();
+            let expected = state.idle - state.notified
+                + usize::from(state.timer_sleeping && !state.timer_notified);
+            if sleepers != expected as u64 {
+                return Err(format!(
+                    "the intake counts {sleepers} sleepers, the state {expected}"
+                ));
+            }
+            Ok(())
+        })
     }
 
     fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
@@ -485,8 +581,12 @@ impl Store for MemoryStore {
             }
             match state.earliest_due(now) {
                 Some(due) if !state.timer_sleeping => {
+                    if !self.intake.try_sleep() {
+                        continue; // a submit arrived: take it in first
+                    }
                     state.timer_sleeping = true;
                     self.clock.wait_until(&self.timer_cv, &mut state, Some(due));
+                    self.intake.woke(state.timer_notified);
                     state.timer_sleeping = false;
                     state.timer_notified = false;
                 }
@@ -498,10 +598,15 @@ impl Store for MemoryStore {
                     state = self.state.lock();
                 }
                 _ => {
+                    if !self.intake.try_sleep() {
+                        continue;
+                    }
                     state.idle += 1;
                     self.work_cv.wait(&mut state);
                     state.idle -= 1;
+                    let notified = state.notified > 0;
                     state.notified = state.notified.saturating_sub(1);
+                    self.intake.woke(notified);
                     spun = false;
                 }
             }
@@ -575,14 +680,16 @@ impl MemoryStore {
             self.spinners.fetch_sub(1, Ordering::Release);
             return;
         }
+        self.intake.start_spinning();
         for round in 0..SPIN_ROUNDS {
-            if self.ready_epoch.load(Ordering::Acquire) != epoch {
+            if self.ready_epoch.load(Ordering::Acquire) != epoch || self.intake.pending() > 0 {
                 break;
             }
             for _ in 0..(1u32 << round) {
                 std::hint::spin_loop();
             }
         }
+        self.intake.stop_spinning();
         self.spinners.fetch_sub(1, Ordering::Release);
     }
 
@@ -594,7 +701,16 @@ impl MemoryStore {
         now: Instant,
         spare: &mut Option<CancelToken>,
     ) -> Option<Claim> {
-        if state.promote_due(now) > 0 {
+        // Plain submits first: the best of everything submitted so far is taken.
+        let mut admitted = Effects::default();
+        self.flush(state, now, &mut admitted);
+        debug_assert!(admitted.holds_nothing(), "never called once stopping");
+        if admitted.new_earliest {
+            // Rule 3: a sleeping timer re-reads the earliest due time; without one, this worker
+            // becomes the timer if it finds nothing, and rule 2 below wakes one if it finds a task.
+            self.wake_timer(state);
+        }
+        if state.promote_due(now) > 0 || admitted.newly_ready > 0 {
             self.ready_epoch.fetch_add(1, Ordering::Release);
         }
         let mut wakes = Wakes::default();

@@ -149,6 +149,15 @@ impl Effects {
         }
     }
 
+    /// Whether no user value waits here to be dropped.
+    pub(crate) fn holds_nothing(&self) -> bool {
+        self.drops_first.iter().all(Option::is_none)
+            && self.drops_more.is_empty()
+            && self.completion_first.is_none()
+            && self.completions_more.is_empty()
+            && self.extras.is_empty()
+    }
+
     /// Drops the values, each on its own inside `catch_unwind`: a `Drop` that panics loses only
     /// its own value (a second panic while the first unwinds would abort the process). Call
     /// without holding the pool lock.

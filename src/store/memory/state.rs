@@ -59,7 +59,8 @@ use std::time::{Duration, Instant};
 
 use super::Seq;
 use super::gate::{Gate, Gates, Wakes, ready_since};
-use super::queue::{DelayedQueue, Epoch, ReadyQueue};
+use super::intake::Entry;
+use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
 use super::record::{Effects, Gating, Record};
 use crate::aging::Aging;
 use crate::breaker::Verdict;
@@ -72,7 +73,7 @@ use crate::event::Events;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, RunOutcome};
-use crate::sync::Arc;
+use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::task::{
     CancelOutcome, CancelReason, Dependency, Failure, FailureReason, TaskId, TaskState,
 };
@@ -199,7 +200,9 @@ pub(crate) struct State {
     gated: bool,
     counts: Counts,
     totals: Totals,
-    next_id: u64,
+    /// Where task ids come from: shared with the intake, whose submits take theirs without the
+    /// lock.
+    next_seq: Arc<AtomicU64>,
     retention: Retention,
     /// No more tasks are accepted (invariant 7).
     pub(crate) closed: bool,
@@ -230,6 +233,7 @@ impl State {
         pool: u64,
         events: Events,
         registry: &Registry,
+        next_seq: Arc<AtomicU64>,
     ) -> Self {
         State {
             pool,
@@ -248,7 +252,7 @@ impl State {
             dead: BTreeSet::new(),
             counts: Counts::default(),
             totals: Totals::default(),
-            next_id: 1,
+            next_seq,
             retention,
             closed: false,
             stopping: false,
@@ -328,9 +332,16 @@ impl State {
         self.records.get(&seq).map(|record| (seq, record))
     }
 
-    /// The id the next accepted task gets.
-    pub(crate) fn next_id(&self) -> TaskId {
-        self.id(self.next_id)
+    /// A new task's sequence number (they only grow: a dependent's is above its dependencies').
+    fn new_seq(&self) -> Seq {
+        debug_assert!(!self.closed, "a closed pool takes no task");
+        self.next_seq.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// Whether every task given an id before the pool closed is in the state (see `intake.rs`):
+    /// `given` ids were handed out then, and each one goes in exactly once.
+    pub(crate) fn took_in(&self, given: u64) -> bool {
+        self.totals.submitted >= given
     }
 
     /// The live or succeeded task holding `key` (invariant 8), and its type.
@@ -367,13 +378,58 @@ impl State {
     /// Accepts a validated task (its dependencies are known, its key is free).
     pub(crate) fn insert(
         &mut self,
+        task: NewTask,
+        completion: Arc<Completion>,
+        now: Instant,
+        effects: &mut Effects,
+    ) -> (TaskId, Arc<Completion>) {
+        let seq = self.new_seq();
+        self.insert_as(seq, task, completion, now, effects)
+    }
+
+    /// Takes in a plain task from the intake: ready or scheduled, or, if the pool has stopped
+    /// (a producer that passed its check before the pool closed), cancelled at once.
+    pub(crate) fn admit(&mut self, entry: Entry, now: Instant, effects: &mut Effects) {
+        let Entry {
+            seq,
+            run_at,
+            payload,
+            completion,
+            type_index,
+            priority,
+        } = entry;
+        self.totals.submitted += 1;
+        let record = Record {
+            state: TaskState::Blocked,
+            type_index,
+            priority,
+            gating: Gating::Free,
+            attempts: 0,
+            pending_dependencies: 0,
+            since: run_at,
+            payload: Some(payload),
+            completion,
+            extra: None,
+        };
+        self.records.insert(seq, record);
+        self.counts.enter(TaskState::Blocked);
+        if self.stopping {
+            self.finish(seq, End::Cancelled(CancelReason::Shutdown), now, effects);
+        } else {
+            // Ready since it was submitted (or since it fell due), not since a worker took it in.
+            self.make_runnable_since(seq, now, run_at, effects);
+        }
+    }
+
+    /// [`insert`](Self::insert) as task `id`, a sequence number just taken.
+    fn insert_as(
+        &mut self,
+        id: Seq,
         mut task: NewTask,
         completion: Arc<Completion>,
         now: Instant,
         effects: &mut Effects,
     ) -> (TaskId, Arc<Completion>) {
-        let id = self.next_id;
-        self.next_id += 1;
         self.totals.submitted += 1;
 
         task.dependencies.sort_unstable();
@@ -450,6 +506,11 @@ impl State {
 
     /// A task with no dependency left becomes scheduled (due later) or ready.
     fn make_runnable(&mut self, id: Seq, now: Instant, effects: &mut Effects) {
+        self.make_runnable_since(id, now, u64::MAX, effects);
+    }
+
+    /// [`make_runnable`](Self::make_runnable), ready since `since` at the latest.
+    fn make_runnable_since(&mut self, id: Seq, now: Instant, since: Stamp, effects: &mut Effects) {
         let now = self.epoch.stamp(now);
         let record = self.records.get_mut(&id).expect("record exists");
         let run_at = record.since;
@@ -460,7 +521,7 @@ impl State {
             effects.new_earliest |= self.delayed.push(run_at, id);
         } else {
             record.state = TaskState::Ready;
-            record.since = now;
+            record.since = now.min(since);
             self.ready.push(record.priority, id);
             effects.newly_ready += 1;
         }
@@ -1005,7 +1066,7 @@ impl State {
         if let Some(holder) = key.as_deref().and_then(|k| self.keys.get(k)) {
             return Err(ResubmitError::KeyTaken(id, self.id(*holder)));
         }
-        let new_seq = self.next_id;
+        let new_seq = self.new_seq();
         let record = self.records.get_mut(&seq).expect("looked up above");
         let payload = record.payload.take().expect("checked above");
         let extra = record.extra();
@@ -1024,7 +1085,7 @@ impl State {
             self.forget(seq, effects);
         }
         // Allocated under the lock: resubmitting is rare.
-        Ok(self.insert(task, Completion::new(), now, effects))
+        Ok(self.insert_as(new_seq, task, Completion::new(), now, effects))
     }
 
     /// Resubmits a dead letter (as [`resubmit`](State::resubmit)), then brings back the
@@ -1085,9 +1146,10 @@ impl State {
                 .filter(|k| !self.keys.contains_key(&***k))
                 .cloned();
             let (type_index, priority) = (record.type_index, record.priority);
+            let new_seq = self.new_seq();
             let record = self.records.get_mut(&old).expect("looked up above");
             let payload = record.payload.take().expect("checked above");
-            record.extra().resubmitted_as = Some(self.next_id);
+            record.extra().resubmitted_as = Some(new_seq);
             let task = NewTask {
                 type_index,
                 payload,
@@ -1096,7 +1158,7 @@ impl State {
                 dependencies,
                 key,
             };
-            let (new, _) = self.insert(task, Completion::new(), now, effects);
+            let (new, _) = self.insert_as(new_seq, task, Completion::new(), now, effects);
             renamed.insert(old, new.seq());
             brought_back.push((self.id(old), new));
         }

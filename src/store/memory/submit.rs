@@ -1,9 +1,10 @@
-//! A submit into the embedded store: the checks that need no lock, then one short critical
-//! section.
+//! A submit into the embedded store: a plain task goes into the intake without the lock
+//! (`intake.rs`); one with dependencies or a key takes the lock for its checks.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::intake::{Announced, Entry};
 use super::{Effects, MemoryStore, NewTask};
 use crate::completion::Completion;
 use crate::error::SubmitErrorKind;
@@ -40,15 +41,20 @@ impl MemoryStore {
         }
         let now = self.clock().now();
         let run_at = self.run_at(task.start, now)?;
+        let completion = Completion::new();
+        if task.dependencies.is_empty() && task.key.is_none() {
+            return self.submit_plain(task, run_at, completion);
+        }
 
         // Allocated before taking the lock, to keep the critical section short.
-        let completion = Completion::new();
         let key: Option<Arc<str>> = task.key.map(Arc::from);
         let mut effects = Effects::default();
         let mut state = self.lock();
         if state.closed {
             return Err(SubmitErrorKind::ShutDown);
         }
+        // What is in the intake is in the pool: a dependency may be there.
+        self.flush(&mut state, now, &mut effects);
         if let Some(key) = &key {
             if let Some((existing, existing_type, completion)) = state.find_key(key) {
                 drop(state);
@@ -85,6 +91,35 @@ impl MemoryStore {
         })
     }
 
+    /// A task with no dependencies and no key, through the intake: no lock unless a worker must
+    /// be woken (see `intake.rs`).
+    fn submit_plain(
+        &self,
+        task: Submission<'_>,
+        run_at: Instant,
+        completion: Arc<Completion>,
+    ) -> Result<Submitted, SubmitErrorKind> {
+        // Accepted or refused here, by the id (see `intake.rs`).
+        let seq = self.intake.next_seq().ok_or(SubmitErrorKind::ShutDown)?;
+        let entry = Entry {
+            seq,
+            run_at: self.epoch.stamp(run_at),
+            payload: task.payload.take(),
+            completion: Arc::clone(&completion),
+            type_index: task.type_index,
+            priority: task.priority,
+        };
+        if self.intake.push(entry) == Announced::Wake {
+            // Moves the intake in (`transition` does first) and wakes whom that calls for.
+            self.transition(|_, _, _| ());
+        }
+        Ok(Submitted {
+            id: TaskId::from_parts(self.pool_id, seq),
+            completion,
+            duplicate: false,
+        })
+    }
+
     /// See [`Store::submit_batch`]: every check first, then every insert, under one lock.
     pub(super) fn submit_tasks(
         &self,
@@ -105,9 +140,12 @@ impl MemoryStore {
         if state.closed {
             return Err((0, SubmitErrorKind::ShutDown));
         }
-        // Checks: nothing is added unless every task can be.
+        self.flush(&mut state, now, &mut effects);
+        // Checks: nothing is added unless every task can be. The ids of the batch's own tasks
+        // named in a refusal are those they would have had (plain submits may take some
+        // meanwhile: the ids given out are taken as each task goes in).
         let mut batch_keys: HashMap<&str, (u32, TaskId)> = HashMap::new();
-        let mut next = state.next_id();
+        let mut next = TaskId::from_parts(self.pool_id, self.intake.peek_seq());
         let mut dependencies = Vec::with_capacity(batch.len());
         for (index, task) in batch.iter().enumerate() {
             let refuse = |kind| Err((index, kind));

@@ -1,0 +1,219 @@
+//! The intake: where plain submits wait, outside the pool's lock, until a worker moves them into
+//! the ready queue and the delayed heap.
+//!
+//! # Why
+//!
+//! A plain task (no dependencies, no key) needs nothing from the state under the lock to be
+//! accepted: its id comes from an atomic counter, and its checks need no other task. So a submit
+//! of one pushes it onto a lock-free queue and returns; producers never wait for each other or
+//! for a worker. Workers move what arrived into the state in batches, under the lock they take
+//! anyway to claim a task: once per batch instead of once per task.
+//!
+//! # The intake word
+//!
+//! One atomic word, `Intake::word`, holds three counts, so that each side reads the other's
+//! with the same read-modify-write that publishes its own (no fences, and a total order that
+//! loom checks exactly):
+//!
+//! * `pending`: entries announced minus entries moved into the state. A producer pushes its
+//!   entry, *then* adds one (the announcement). A worker moving the intake (under the pool's
+//!   lock, the only place entries are popped) pops until the queue is empty, announced or not,
+//!   and subtracts what it popped: so every submit that returned before a move is in the state
+//!   after it. The count is a wrapping 32-bit field at the top of the word, read as signed: it
+//!   is negative while entries popped before their announcement are still unannounced.
+//! * `sleepers`: workers waiting on a condition variable and not yet notified
+//!   (`State::idle - State::notified`, plus the timer if it sleeps un-notified), mirrored here
+//!   under the pool's lock at every change.
+//! * `searchers`: workers on their way to look for work: notified and not yet holding the lock,
+//!   or spinning.
+//!
+//! # No lost wake-up
+//!
+//! * A producer whose announcement finds a sleeper and no searcher takes the lock and wakes one
+//!   (which then wakes others as it finds more ready, rule 1 of the wake-up protocol in
+//!   `mod.rs`). One that finds a searcher leaves it to that searcher: a searcher leaves the
+//!   count (a read-modify-write after the announcement) before it moves the intake, so it sees
+//!   the entry. One that finds no sleeper leaves it to the workers that are awake.
+//! * A worker about to wait adds itself to `sleepers`; if that read-modify-write finds `pending`
+//!   above zero, it takes itself off again and moves the intake instead of waiting. Of the two
+//!   read-modify-writes (announcement, going to sleep), whichever comes second sees the other.
+//!   An announcement that leaves `pending` at zero or below (a worker popped another producer's
+//!   entry before it was announced) may find its own entry left for that other announcement,
+//!   which comes, and which then counts above zero: a task can wait for a producer that was
+//!   preempted between its push and its announcement, never longer.
+//!
+//! # Closing
+//!
+//! Whether a submit is accepted is decided when it takes its id: the top bit of the id counter
+//! is the *closed* flag, set by the same kind of read-modify-write that hands out ids. A
+//! producer whose id comes with the flag refuses its task, untouched; one whose id came before
+//! it is accepted, and pushes and announces its task. Closing reads how many ids were handed
+//! out before the flag, and waits (briefly: a producer between taking its id and announcing)
+//! until that many tasks are in the state, so a drain that follows sees every accepted task
+//! and none is accepted after.
+
+use std::any::Any;
+
+use super::Seq;
+use super::queue::Stamp;
+use crate::completion::Completion;
+use crate::sync::{Arc, AtomicU64, Ordering, Queue};
+
+/// A plain task in the intake: all the state needs to insert it.
+pub(crate) struct Entry {
+    pub(crate) seq: Seq,
+    /// When it is due, as a stamp of the pool's epoch.
+    pub(crate) run_at: Stamp,
+    pub(crate) payload: Box<dyn Any + Send>,
+    pub(crate) completion: Arc<Completion>,
+    pub(crate) type_index: u32,
+    pub(crate) priority: u8,
+}
+
+// The intake word's fields, from the lowest bit.
+const SLEEPER: u64 = 1;
+const SEARCHER: u64 = 1 << 16;
+const PENDING: u64 = 1 << 32;
+/// The closed flag, in the id counter.
+const CLOSED: u64 = 1 << 63;
+const FIELD: u64 = (1 << 15) - 1;
+
+/// The most workers a pool can have: the intake word's `sleepers` and `searchers` fields hold
+/// that many (15 bits each; 16 for `sleepers`, which also counts the timer).
+pub(crate) const MAX_WORKERS: usize = FIELD as usize;
+
+fn sleepers(word: u64) -> u64 {
+    word & 0xFFFF
+}
+
+fn searchers(word: u64) -> u64 {
+    (word >> 16) & FIELD
+}
+
+/// The signed `pending` count (see the module docs).
+fn pending(word: u64) -> i32 {
+    // The top 32 bits, reinterpreted: the field wraps.
+    (word >> 32) as u32 as i32
+}
+
+/// What an announcement found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Announced {
+    /// Someone awake will move the entry.
+    Seen,
+    /// A worker sleeps and none is on its way: wake one.
+    Wake,
+}
+
+/// See the module docs.
+pub(crate) struct Intake {
+    queue: Queue<Entry>,
+    word: AtomicU64,
+    /// The next task's sequence number, for every submit (plain or not): shared with the
+    /// state, which takes the ids of the others under the lock.
+    next_seq: Arc<AtomicU64>,
+}
+
+impl Intake {
+    pub(crate) fn new(next_seq: Arc<AtomicU64>) -> Self {
+        Intake {
+            queue: Queue::new(),
+            word: AtomicU64::new(0),
+            next_seq,
+        }
+    }
+
+    /// A new plain task's sequence number, or `None` if the pool is closed (see the module
+    /// docs). Sequence numbers only grow: a dependent's is above its dependencies'.
+    pub(crate) fn next_seq(&self) -> Option<Seq> {
+        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
+        (seq & CLOSED == 0).then_some(seq)
+    }
+
+    /// The sequence number the next task would get (no task has it yet).
+    pub(crate) fn peek_seq(&self) -> Seq {
+        self.next_seq.load(Ordering::Relaxed) & !CLOSED
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.next_seq.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Entries announced and not yet moved into the state (see the module docs: it may be
+    /// below zero).
+    pub(crate) fn pending(&self) -> i32 {
+        pending(self.word.load(Ordering::Acquire))
+    }
+
+    /// Pushes `entry` and announces it.
+    pub(crate) fn push(&self, entry: Entry) -> Announced {
+        self.queue.push(entry);
+        let before = self.word.fetch_add(PENDING, Ordering::AcqRel);
+        if sleepers(before) > 0 && searchers(before) == 0 {
+            Announced::Wake
+        } else {
+            Announced::Seen
+        }
+    }
+
+    /// Pops every entry in the queue, announced or not, handing each to `insert`; returns how
+    /// many. Call under the pool's lock only (one mover at a time keeps `pending` exact).
+    pub(crate) fn drain(&self, mut insert: impl FnMut(Entry)) -> u64 {
+        let mut n = 0;
+        while let Some(entry) = self.queue.pop() {
+            insert(entry);
+            n += 1;
+        }
+        if n > 0 {
+            // Wraps within the top field (see `pending`).
+            self.word.fetch_sub(n * PENDING, Ordering::AcqRel);
+        }
+        n
+    }
+
+    /// Closes the pool to plain submits; returns how many tasks were given ids before (the
+    /// first call's answer is the one that counts: refused submits still move the counter).
+    pub(crate) fn close(&self) -> u64 {
+        let next = self.next_seq.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        next - 1
+    }
+
+    /// A worker is about to wait (under the pool's lock): counts it as a sleeper, unless an entry
+    /// is pending, in which case it must move the intake instead (returns `false`).
+    pub(crate) fn try_sleep(&self) -> bool {
+        let before = self.word.fetch_add(SLEEPER, Ordering::AcqRel);
+        if pending(before) <= 0 {
+            return true;
+        }
+        self.word.fetch_sub(SLEEPER, Ordering::AcqRel);
+        false
+    }
+
+    /// A sleeper was notified (under the pool's lock): from `sleepers` to `searchers`.
+    pub(crate) fn notified(&self) {
+        self.word.fetch_add(SEARCHER - SLEEPER, Ordering::AcqRel);
+    }
+
+    /// A sleeper woke (under the pool's lock), taking a notification (`State::notified`) or
+    /// not (a broadcast, a timeout, a spurious wake-up): off `searchers` or off `sleepers`.
+    pub(crate) fn woke(&self, notified: bool) {
+        let field = if notified { SEARCHER } else { SLEEPER };
+        self.word.fetch_sub(field, Ordering::AcqRel);
+    }
+
+    /// A worker starts spinning: it counts as a searcher.
+    pub(crate) fn start_spinning(&self) {
+        self.word.fetch_add(SEARCHER, Ordering::AcqRel);
+    }
+
+    /// A spinner stops (it will lock, move the intake, and look for work before it sleeps).
+    pub(crate) fn stop_spinning(&self) {
+        self.word.fetch_sub(SEARCHER, Ordering::AcqRel);
+    }
+
+    /// The word's counts, for the invariant checks: (pending, sleepers, searchers).
+    pub(crate) fn counts(&self) -> (i32, u64, u64) {
+        let word = self.word.load(Ordering::Acquire);
+        (pending(word), sleepers(word), searchers(word))
+    }
+}
