@@ -406,7 +406,7 @@ fn memory(report: &mut Report) {
     });
     report.add(
         format!(
-            "memory: bytes per ready task ({MEMORY_TASKS} queued, then as many more while one worker runs them; RSS delta ÷ depth)"
+            "memory: bytes per ready task ({MEMORY_TASKS} queued, then as many more while one worker runs them; RSS delta ÷ deepest)"
         ),
         Unit::Bytes,
         flowing,
@@ -459,10 +459,13 @@ fn memory_child(mode: &str) {
             pool.count();
         }
         let after = common::resident_bytes();
-        let depth = 2 * MEMORY_TASKS - (armed - PROBE.remaining());
+        // Per task of the deepest the queue was (at least the first million: a pool whose
+        // worker keeps up with the producer gets shallower, and its high-water mark stays).
+        let ran = armed - PROBE.remaining();
+        let deepest = MEMORY_TASKS.max(2 * MEMORY_TASKS - ran);
         println!(
             "{:.1}",
-            after.saturating_sub(before) as f64 / depth.max(1) as f64
+            after.saturating_sub(before) as f64 / deepest as f64
         );
         std::process::exit(0);
     }
@@ -710,7 +713,7 @@ fn targets(report: &Report) {
         ready <= 96.0,
     ));
     let flowing = tq(&format!(
-        "memory: bytes per ready task ({MEMORY_TASKS} queued, then as many more while one worker runs them; RSS delta ÷ depth)"
+        "memory: bytes per ready task ({MEMORY_TASKS} queued, then as many more while one worker runs them; RSS delta ÷ deepest)"
     ));
     lines.push((
         "memory: ≤ 96 bytes per queued task (ready, tasks flowing through)".into(),
