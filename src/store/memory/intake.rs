@@ -62,8 +62,12 @@ use crate::sync::{Arc, AtomicU64, Ordering, Queue};
 /// A plain task in the intake: all the state needs to insert it.
 pub(crate) struct Entry {
     pub(crate) seq: Seq,
-    /// When it is due, as a stamp of the pool's epoch.
+    /// When it is due, as a stamp of the pool's epoch: when it was submitted, if it was due
+    /// then (`due`).
     pub(crate) run_at: Stamp,
+    /// Due when submitted: ready as soon as a worker takes it in, whatever that worker's clock
+    /// read before (a later submit's stamp may be past it).
+    pub(crate) due: bool,
     pub(crate) payload: Box<dyn Any + Send>,
     pub(crate) completion: Arc<Completion>,
     pub(crate) type_index: u32,

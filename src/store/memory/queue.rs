@@ -290,10 +290,12 @@ impl DelayedQueue {
     /// Removes and returns the earliest entry if it is due at `now` (live or stale: the caller
     /// checks).
     pub(crate) fn pop_due(&mut self, now: Instant) -> Option<Seq> {
-        let now = self.epoch.stamp(now);
-        match self.heap.peek() {
-            Some(Reverse(top)) if top.at <= now => self.heap.pop().map(|Reverse(e)| e.id),
-            _ => None,
+        // An empty heap (the common case) costs no clock arithmetic.
+        let Reverse(top) = self.heap.peek()?;
+        if top.at <= self.epoch.stamp(now) {
+            self.heap.pop().map(|Reverse(e)| e.id)
+        } else {
+            None
         }
     }
 

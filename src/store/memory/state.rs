@@ -393,6 +393,7 @@ impl State {
         let Entry {
             seq,
             run_at,
+            due,
             payload,
             completion,
             type_index,
@@ -417,7 +418,7 @@ impl State {
             self.finish(seq, End::Cancelled(CancelReason::Shutdown), now, effects);
         } else {
             // Ready since it was submitted (or since it fell due), not since a worker took it in.
-            self.make_runnable_since(seq, now, run_at, effects);
+            self.make_runnable_since(seq, now, run_at, due, effects);
         }
     }
 
@@ -506,16 +507,24 @@ impl State {
 
     /// A task with no dependency left becomes scheduled (due later) or ready.
     fn make_runnable(&mut self, id: Seq, now: Instant, effects: &mut Effects) {
-        self.make_runnable_since(id, now, u64::MAX, effects);
+        self.make_runnable_since(id, now, u64::MAX, false, effects);
     }
 
-    /// [`make_runnable`](Self::make_runnable), ready since `since` at the latest.
-    fn make_runnable_since(&mut self, id: Seq, now: Instant, since: Stamp, effects: &mut Effects) {
+    /// [`make_runnable`](Self::make_runnable), ready since `since` at the latest; `due`: ready
+    /// whatever `now` says.
+    fn make_runnable_since(
+        &mut self,
+        id: Seq,
+        now: Instant,
+        since: Stamp,
+        due: bool,
+        effects: &mut Effects,
+    ) {
         let now = self.epoch.stamp(now);
         let record = self.records.get_mut(&id).expect("record exists");
         let run_at = record.since;
         self.counts.leave(record.state);
-        if run_at > now {
+        if run_at > now && !due {
             record.state = TaskState::Scheduled;
             // Keeps invariant 2.
             effects.new_earliest |= self.delayed.push(run_at, id);
@@ -533,6 +542,10 @@ impl State {
     /// Moves every due scheduled task to the ready queue, and releases every gate whose time has
     /// come (invariant 13); returns how many tasks became poppable.
     pub(crate) fn promote_due(&mut self, now: Instant) -> usize {
+        if self.counts.scheduled == 0 && !(self.gated && self.gates.held() > 0) {
+            // Nothing waits for a time: no clock arithmetic (every claim passes here).
+            return 0;
+        }
         let stamp = self.epoch.stamp(now);
         let mut promoted = 0;
         while let Some(id) = self.delayed.pop_due(now) {

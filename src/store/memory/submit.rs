@@ -43,7 +43,7 @@ impl MemoryStore {
         let run_at = self.run_at(task.start, now)?;
         let completion = Completion::new();
         if task.dependencies.is_empty() && task.key.is_none() {
-            return self.submit_plain(task, run_at, completion);
+            return self.submit_plain(task, now, run_at, completion);
         }
 
         // Allocated before taking the lock, to keep the critical section short.
@@ -96,6 +96,7 @@ impl MemoryStore {
     fn submit_plain(
         &self,
         task: Submission<'_>,
+        now: Instant,
         run_at: Instant,
         completion: Arc<Completion>,
     ) -> Result<Submitted, SubmitErrorKind> {
@@ -104,6 +105,7 @@ impl MemoryStore {
         let entry = Entry {
             seq,
             run_at: self.epoch.stamp(run_at),
+            due: run_at <= now,
             payload: task.payload.take(),
             completion: Arc::clone(&completion),
             type_index: task.type_index,
