@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::completion::{Completion, Finished};
 use crate::error::{CancelError, TaskError};
-use crate::store::Store;
-use crate::sync::{Arc, Weak};
+use crate::hub::Hub;
+use crate::sync::{Arc, Mutex};
 use crate::task::{CancelOutcome, CancelReason, Dependency, Failure, TaskId, TaskState};
 use crate::worker;
 
@@ -167,8 +167,11 @@ impl<O: fmt::Display> fmt::Display for Outcome<O> {
 /// ```
 pub struct TaskHandle<O> {
     id: TaskId,
-    completion: Arc<Completion>,
-    pool: Weak<dyn Store>,
+    /// Where the outcome is published. `None` until this handle first reads the task, for a
+    /// plain submit on the embedded store (see `hub.rs`); a handle holding one is never the
+    /// store's concern again.
+    completion: Mutex<Option<Arc<Completion>>>,
+    hub: Arc<Hub>,
     duplicate: bool,
     _output: PhantomData<fn() -> O>,
 }
@@ -176,17 +179,48 @@ pub struct TaskHandle<O> {
 impl<O> TaskHandle<O> {
     pub(crate) fn new(
         id: TaskId,
-        completion: Arc<Completion>,
-        pool: Weak<dyn Store>,
+        completion: Option<Arc<Completion>>,
+        hub: Arc<Hub>,
         duplicate: bool,
     ) -> Self {
         TaskHandle {
             id,
-            completion,
-            pool,
+            completion: Mutex::new(completion),
+            hub,
             duplicate,
             _output: PhantomData,
         }
+    }
+
+    /// The completion, asked of the store (or, once it is gone, of the hub) the first time.
+    fn completion(&self) -> Arc<Completion> {
+        // Taken before this handle's lock and released after it: the last reference to the
+        // store may be this one, and the store's `Drop` drops user values.
+        let store = self.hub.store();
+        let mut slot = self.completion.lock();
+        if let Some(completion) = slot.as_ref() {
+            return Arc::clone(completion);
+        }
+        let completion = match &store {
+            Some(store) => store.completion_for(self.id),
+            None => self.hub.take_sealed(self.id.seq()),
+        }
+        .unwrap_or_else(|| {
+            // Never: a store keeps the outcome of every task whose unread handle lives.
+            debug_assert!(false, "no outcome kept for {}", self.id);
+            let lost = Completion::new();
+            lost.publish(Finished::Cancelled(CancelReason::Shutdown));
+            lost
+        });
+        *slot = Some(Arc::clone(&completion));
+        drop(slot);
+        drop(store);
+        completion
+    }
+
+    /// The completion if this handle holds one already.
+    fn held(&self) -> Option<Arc<Completion>> {
+        self.completion.lock().clone()
     }
 
     /// Panics if the calling thread is running this task's handler: it would wait for itself.
@@ -202,13 +236,14 @@ impl<O> TaskHandle<O> {
 
     /// Tells the store that someone waits for this task's outcome, unless it is known already:
     /// a store whose tasks may end in another process then makes sure to hear of it.
-    fn watch(&self) {
-        if self.completion.is_published() {
-            return;
+    fn watch(&self) -> Arc<Completion> {
+        let completion = self.completion();
+        if !completion.is_published() {
+            if let Some(store) = self.hub.store() {
+                store.watch(self.id, &completion);
+            }
         }
-        if let Some(store) = self.pool.upgrade() {
-            store.watch(self.id, &self.completion);
-        }
+        completion
     }
 
     /// Whether the submit that returned this handle was deduplicated: its idempotency key
@@ -265,14 +300,14 @@ impl<O> TaskHandle<O> {
     /// ```
     #[must_use]
     pub fn status(&self) -> TaskState {
-        if let Some(state) = self.completion.state() {
+        if let Some(state) = self.held().and_then(|completion| completion.state()) {
             return state;
         }
-        match self.pool.upgrade().and_then(|pool| pool.status(self.id)) {
+        match self.hub.store().and_then(|pool| pool.status(self.id)) {
             Some(state) => state,
             // The pool forgot the task between the two reads: a record is dropped only once it is
             // terminal, and its outcome was published in that same step.
-            None => self.completion.wait_state(),
+            None => self.completion().wait_state(),
         }
     }
 
@@ -291,7 +326,14 @@ impl<O> TaskHandle<O> {
     /// ```
     #[must_use]
     pub fn is_finished(&self) -> bool {
-        self.completion.state().is_some()
+        if let Some(completion) = self.held() {
+            return completion.state().is_some();
+        }
+        // Unread: the store knows, without making a completion.
+        match self.hub.store().and_then(|pool| pool.status(self.id)) {
+            Some(state) => state.is_terminal(),
+            None => self.completion().state().is_some(),
+        }
     }
 
     /// Cancels the task; the same as [`Pool::cancel`](crate::Pool::cancel) with this handle's id.
@@ -315,7 +357,7 @@ impl<O> TaskHandle<O> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self) -> Result<CancelOutcome, CancelError> {
-        let pool = self.pool.upgrade().ok_or(CancelError::PoolGone(self.id))?;
+        let pool = self.hub.store().ok_or(CancelError::PoolGone(self.id))?;
         pool.cancel(self.id)
     }
 }
@@ -349,9 +391,9 @@ impl<O: 'static> TaskHandle<O> {
     /// ```
     pub fn join(self) -> Outcome<O> {
         self.refuse_self_wait("join");
-        self.watch();
+        let completion = self.watch();
         let id = self.id;
-        match self.completion.wait_with(|finished| take(finished, id)) {
+        match completion.wait_with(|finished| take(finished, id)) {
             Outcome::Succeeded(output) => Outcome::Succeeded(
                 *output
                     .downcast::<O>()
@@ -393,9 +435,9 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// ```
     pub fn wait(&self) -> Outcome<O> {
         self.refuse_self_wait("wait");
-        self.watch();
+        let completion = self.watch();
         let id = self.id;
-        self.completion.wait_with(|finished| read(finished, id))
+        completion.wait_with(|finished| read(finished, id))
     }
 
     /// Like [`wait`](TaskHandle::wait), but gives up after `timeout` (real time, not the pool's
@@ -418,10 +460,9 @@ impl<O: Clone + 'static> TaskHandle<O> {
             return Some(self.wait());
         };
         self.refuse_self_wait("wait_timeout");
-        self.watch();
+        let completion = self.watch();
         let id = self.id;
-        self.completion
-            .wait_until_with(deadline, |finished| read(finished, id))
+        completion.wait_until_with(deadline, |finished| read(finished, id))
     }
 
     /// The outcome if the task has finished, without blocking.
@@ -440,9 +481,9 @@ impl<O: Clone + 'static> TaskHandle<O> {
     /// ```
     #[must_use]
     pub fn try_wait(&self) -> Option<Outcome<O>> {
-        self.watch();
+        let completion = self.watch();
         let id = self.id;
-        self.completion.try_with(|finished| read(finished, id))
+        completion.try_with(|finished| read(finished, id))
     }
 }
 
@@ -477,7 +518,7 @@ fn take(finished: &mut Finished, id: TaskId) -> Outcome<Box<dyn Any + Send + Syn
 
 impl<O> From<&TaskHandle<O>> for Dependency {
     fn from(handle: &TaskHandle<O>) -> Self {
-        Dependency::of_handle(handle.id(), Arc::clone(&handle.completion))
+        Dependency::of_handle(handle.id(), handle.completion())
     }
 }
 
@@ -535,12 +576,27 @@ fn taken(id: TaskId) -> ! {
 
 impl<O> Clone for TaskHandle<O> {
     fn clone(&self) -> Self {
+        // The clones share one completion, made now if this handle had none: the store keeps
+        // an outcome for one unread handle per task, not for a count of them.
         TaskHandle {
             id: self.id,
-            completion: Arc::clone(&self.completion),
-            pool: Weak::clone(&self.pool),
+            completion: Mutex::new(Some(self.completion())),
+            hub: Arc::clone(&self.hub),
             duplicate: self.duplicate,
             _output: PhantomData,
+        }
+    }
+}
+
+impl<O> Drop for TaskHandle<O> {
+    /// An unread handle tells the store it is gone, so that it stops keeping the outcome. The
+    /// completion this handle drops (its own, or the one kept for it once the pool is gone)
+    /// may be the last reference to the output, whose `Drop` is user code: dropped inside
+    /// `catch_unwind`, as the pool drops every user value.
+    fn drop(&mut self) {
+        match self.completion.get_mut().take() {
+            Some(completion) => crate::unwind::drop_quietly(completion),
+            None => crate::unwind::drop_quietly(self.hub.handle_dropped(self.id.seq())),
         }
     }
 }

@@ -70,6 +70,7 @@ mod dead_letter;
 mod error;
 mod event;
 mod handle;
+mod hub;
 mod limit;
 mod metrics;
 mod monitor;

@@ -627,8 +627,8 @@ impl Pool {
         let (new, completion) = self.store.resubmit(id, type_index)?;
         Ok(TaskHandle::new(
             new,
-            completion,
-            Arc::downgrade(&self.store),
+            Some(completion),
+            Arc::clone(self.store.hub()),
             false,
         ))
     }
@@ -659,8 +659,8 @@ impl Pool {
         Ok(Resubmitted {
             task: TaskHandle::new(
                 revived.id,
-                revived.completion,
-                Arc::downgrade(&self.store),
+                Some(revived.completion),
+                Arc::clone(self.store.hub()),
                 false,
             ),
             dependents: revived.dependents,

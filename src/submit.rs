@@ -30,7 +30,7 @@ where
     Ok(TaskHandle::new(
         submitted.id,
         submitted.completion,
-        Arc::downgrade(store),
+        Arc::clone(store.hub()),
         submitted.duplicate,
     ))
 }
@@ -98,7 +98,8 @@ pub(crate) fn handle<P: 'static, O: 'static>(
 ) -> Option<TaskHandle<O>> {
     let type_index = store.registry().type_index(ty).ok()?;
     let (index, completion) = store.completion_of(id)?;
-    (index == type_index).then(|| TaskHandle::new(id, completion, Arc::downgrade(store), false))
+    (index == type_index)
+        .then(|| TaskHandle::new(id, Some(completion), Arc::clone(store.hub()), false))
 }
 
 /// See [`Pool::submit_batch`](crate::Pool::submit_batch).
@@ -165,7 +166,7 @@ where
                 .for_each(unwind::drop_quietly);
             Ok(submitted
                 .into_iter()
-                .map(|s| TaskHandle::new(s.id, s.completion, Arc::downgrade(store), s.duplicate))
+                .map(|s| TaskHandle::new(s.id, s.completion, Arc::clone(store.hub()), s.duplicate))
                 .collect())
         }
         Err((index, kind)) => {

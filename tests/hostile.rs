@@ -373,6 +373,15 @@ impl Callback {
     }
 }
 
+/// Waits for a hostile value's report of its call back into the pool (`what` names the
+/// deadlock if it never comes): it saw the one worker alive, and its submit was accepted.
+#[track_caller]
+fn assert_reentered_alive(reports: &Receiver<Reentered>, what: &str) {
+    let seen = recv(reports, what);
+    assert_eq!(seen.workers, 1, "{seen:?}");
+    assert_eq!(seen.submitted, Ok(()), "{seen:?}");
+}
+
 /// Calls back into the pool when dropped. It serves as a payload and as an output.
 #[derive(Debug)]
 struct ReentersOnDrop(Callback);
@@ -813,12 +822,10 @@ fn item4_an_output_whose_drop_calls_back_into_the_pool_does_not_deadlock() {
             assert!(held.release().iter().all(Outcome::is_succeeded));
             let after = pool.submit(JOB.task(5)).unwrap();
 
-            let seen = recv(
+            assert_reentered_alive(
                 &reports,
                 "deadlock: item 4, the output's Drop never returned",
             );
-            assert_eq!(seen.workers, 1, "{seen:?}");
-            assert_eq!(seen.submitted, Ok(()), "{seen:?}");
             assert_eq!(
                 outcome(&after, "a task after the output's Drop"),
                 Outcome::Succeeded(5)
@@ -893,6 +900,94 @@ fn item4_a_discarded_output_of_a_cancelled_task_whose_drop_panics() {
             assert_workers_alive(&pool, 1, "after a discarded output's Drop panicked");
             shut_down(&pool);
             assert_all_finished(&[&running, &next]);
+        },
+    );
+}
+
+/// Issue 10: an output kept for an unread handle after retention forgot its task (an
+/// orphaned outcome) calls back into the pool when the handle's drop lets it go. The drop is
+/// taken in by the worker, after its next task: the output is dropped there, outside the lock.
+#[test]
+fn issue10_an_output_kept_for_an_unread_handle_calls_back_into_the_pool_when_let_go() {
+    watchdog(
+        "deadlock: issue 10, an orphaned output's Drop called back into the pool",
+        || {
+            let pool =
+                TestPool::new(builder(1).retention(0, None).register(
+                    REENTRANT_OUTPUT,
+                    |_, callback: &Callback| {
+                        Ok::<_, HandlerError>(ReentersOnDrop(callback.clone()))
+                    },
+                ));
+            let (callback, reports) = Callback::new(&pool);
+            let unread = pool.submit(REENTRANT_OUTPUT.task(callback)).unwrap();
+            pool.wait_idle();
+            assert_eq!(
+                pool.status(unread.id()),
+                None,
+                "forgotten, kept for the handle"
+            );
+            drop(unread);
+            let after = pool.submit(JOB.task(5)).unwrap();
+
+            assert_reentered_alive(
+                &reports,
+                "deadlock: issue 10, the orphaned output's Drop never returned",
+            );
+            assert_eq!(
+                outcome(&after, "a task after the output's Drop"),
+                Outcome::Succeeded(5)
+            );
+            assert_workers_alive(&pool, 1, "after an orphaned output's Drop called back");
+            shut_down(&pool);
+            assert_all_finished(&[&after]);
+        },
+    );
+}
+
+/// Issue 10: outputs kept for unread handles panic when dropped: one let go by its handle's
+/// drop while the pool runs (dropped by a worker), one kept past the pool's end (dropped by the
+/// handle's own `Drop`, on the test's thread), one still kept when the last handle and the pool
+/// are gone (dropped with the hub). None of them may reach a worker or the caller.
+#[test]
+fn issue10_outputs_kept_for_unread_handles_whose_drop_panics() {
+    watchdog(
+        "deadlock: issue 10, an output kept for an unread handle panicked when dropped",
+        || {
+            let pool = TestPool::new(
+                builder(1)
+                    .retention(0, None)
+                    .register(DOOMED_OUTPUT, |_, _: &()| {
+                        Ok::<_, HandlerError>(PanicsOnDrop("an output kept for a handle"))
+                    }),
+            );
+            let let_go = pool.submit(DOOMED_OUTPUT.task(())).unwrap();
+            let outliving = pool.submit(DOOMED_OUTPUT.task(())).unwrap();
+            pool.wait_idle();
+            drop(let_go);
+            let after = pool.submit(JOB.task(5)).unwrap();
+            assert_eq!(
+                outcome(&after, "a task after the drop"),
+                Outcome::Succeeded(5)
+            );
+            assert_workers_alive(&pool, 1, "after a kept output's Drop panicked");
+            shut_down(&pool);
+            drop(pool);
+            assert!(outliving.is_finished());
+            drop(outliving);
+
+            let pool = TestPool::new(
+                builder(1)
+                    .retention(0, None)
+                    .register(DOOMED_OUTPUT, |_, _: &()| {
+                        Ok::<_, HandlerError>(PanicsOnDrop("an output kept past the pool"))
+                    }),
+            );
+            let last = pool.submit(DOOMED_OUTPUT.task(())).unwrap();
+            pool.wait_idle();
+            shut_down(&pool);
+            drop(pool);
+            drop(last);
         },
     );
 }

@@ -496,3 +496,76 @@ fn a_submit_wakes_the_timer() {
         pool.shutdown(Duration::from_secs(1));
     });
 }
+
+/// An output that counts its drops.
+#[derive(Clone, Debug)]
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+const COUNTED: TaskType<(), Counted> = TaskType::new("counted");
+
+/// One worker, retention 0 (a task is forgotten as it finishes), and a task type whose output
+/// counts its drops in `drops`.
+fn forgetful_pool(drops: &Arc<AtomicUsize>) -> Pool {
+    let drops = Arc::clone(drops);
+    Pool::builder()
+        .workers(1)
+        .seed(1)
+        .retention(0, None)
+        .manual_clock(ManualClock::new())
+        .register(COUNTED, move |_, _: &()| {
+            Ok::<_, HandlerError>(Counted(Arc::clone(&drops)))
+        })
+        .build()
+        .expect("pool builds")
+}
+
+/// 17. A plain submit's handle reads its task (it has no completion yet) while the worker runs
+/// it and retention forgets it: the read finds the outcome in the record or among the orphans,
+/// and nothing is kept once the handle is gone.
+#[test]
+fn an_unread_handle_reads_while_its_task_is_forgotten() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let pool = forgetful_pool(&drops);
+        let handle = pool.submit(COUNTED.task(())).unwrap();
+        assert!(handle.wait().is_succeeded());
+        pool.shutdown(Duration::from_secs(1));
+        pool.check_invariants().unwrap();
+        let before = drops.load(Ordering::SeqCst);
+        drop(handle);
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            before + 1,
+            "the handle held the last reference to the output"
+        );
+    });
+}
+
+/// 18. A plain submit's handle is dropped unread while its task goes into the state, runs and
+/// is forgotten: whichever comes first (the drop taken in before the task, before its end, or
+/// after retention kept its output as an orphan), the output is dropped exactly once, by the
+/// shutdown at the latest.
+#[test]
+fn an_unread_handle_dropped_while_its_task_runs() {
+    model(|| {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let pool = Arc::new(forgetful_pool(&drops));
+        let handle = pool.submit(COUNTED.task(())).unwrap();
+        let dropper = thread::spawn(move || drop(handle));
+        pool.wait_idle();
+        dropper.join().unwrap();
+        pool.shutdown(Duration::from_secs(1));
+        pool.check_invariants().unwrap();
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            1,
+            "the output is dropped once"
+        );
+    });
+}

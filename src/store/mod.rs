@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
@@ -67,7 +68,8 @@ impl<P: Send + 'static> PayloadSlot for Option<P> {
 /// What a store made of a [`Submission`] it accepted.
 pub(crate) struct Submitted {
     pub(crate) id: TaskId,
-    pub(crate) completion: Arc<Completion>,
+    /// `None`: made when the handle first reads the task (see `hub.rs`).
+    pub(crate) completion: Option<Arc<Completion>>,
     /// The task's key belonged to a live or succeeded task: this is that task, and the
     /// submission's payload was not taken.
     pub(crate) duplicate: bool,
@@ -177,6 +179,15 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// A task's type index and completion, to make a handle for it.
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)>;
+
+    /// The completion of a task whose handle was made without one (see `hub.rs`), kept for
+    /// that handle even if the store forgot the task meanwhile.
+    fn completion_for(&self, id: TaskId) -> Option<Arc<Completion>> {
+        self.completion_of(id).map(|(_, completion)| completion)
+    }
+
+    /// What this store's handles share.
+    fn hub(&self) -> &Arc<Hub>;
 
     fn stats(&self) -> Stats;
 

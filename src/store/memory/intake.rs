@@ -56,10 +56,10 @@ use std::any::Any;
 
 use super::Seq;
 use super::queue::Stamp;
-use crate::completion::Completion;
 use crate::sync::{Arc, AtomicU64, Ordering, Queue};
 
-/// A plain task in the intake: all the state needs to insert it.
+/// A plain task in the intake: all the state needs to insert it. Its handle has no completion
+/// yet (see `hub.rs`).
 pub(crate) struct Entry {
     pub(crate) seq: Seq,
     /// When it is due, as a stamp of the pool's epoch: when it was submitted, if it was due
@@ -69,7 +69,6 @@ pub(crate) struct Entry {
     /// read before (a later submit's stamp may be past it).
     pub(crate) due: bool,
     pub(crate) payload: Box<dyn Any + Send>,
-    pub(crate) completion: Arc<Completion>,
     pub(crate) type_index: u32,
     pub(crate) priority: u8,
 }

@@ -99,10 +99,11 @@ pub(crate) type Seq = u64;
 
 use crate::cancel::CancelToken;
 use crate::clock::{Clock, Wake};
-use crate::completion::Completion;
+use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::event::Events;
+use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
@@ -135,6 +136,8 @@ pub(crate) struct MemoryStore {
     clock: Clock,
     /// The pool's start on its clock: what due times are stamped from.
     epoch: Epoch,
+    /// What the pool's handles share; where unread handles' drops arrive (see `hub.rs`).
+    hub: Arc<Hub>,
     latest_run_at: Instant,
     pool_id: u64,
 }
@@ -153,6 +156,8 @@ impl MemoryStore {
         let shared = Arc::new(MemoryStore::new(
             registry, clock, retention, workers, pool_id, events,
         ));
+        let as_store: Weak<dyn Store> = Arc::downgrade(&shared) as Weak<MemoryStore>;
+        shared.hub.attach(as_store);
         let sleeper: Weak<MemoryStore> = Arc::downgrade(&shared);
         shared.clock.register(sleeper);
         shared
@@ -187,6 +192,7 @@ impl MemoryStore {
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
             intake: Intake::new(next_seq),
+            hub: Hub::new(),
             ready_epoch: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
             max_searchers: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
@@ -302,8 +308,22 @@ impl MemoryStore {
     /// Moves what the intake holds into the state (see `intake.rs`). A closed pool still takes
     /// it in (those producers passed their check before it closed): a stopped one cancels it at
     /// once.
-    pub(crate) fn flush(&self, state: &mut State, now: Instant, effects: &mut Effects) {
+    fn take_in(&self, state: &mut State, now: Instant, effects: &mut Effects) {
         self.intake.drain(|entry| state.admit(entry, now, effects));
+    }
+
+    /// Takes in the drops of unread handles (see `hub.rs`); the outcomes kept for them go to
+    /// `effects`, to be dropped once the lock is released.
+    fn take_dropped(&self, state: &mut State, effects: &mut Effects) {
+        while let Some(seq) = self.hub.take_dropped() {
+            state.handle_dropped(seq, effects);
+        }
+    }
+
+    /// [`take_in`](Self::take_in) and [`take_dropped`](Self::take_dropped).
+    pub(crate) fn flush(&self, state: &mut State, now: Instant, effects: &mut Effects) {
+        self.take_in(state, now, effects);
+        self.take_dropped(state, effects);
     }
 
     /// [`flush`](Self::flush), with the wake-up rules applied to what became ready or due.
@@ -314,11 +334,11 @@ impl MemoryStore {
             return;
         }
         let mut effects = Effects::default();
-        self.flush(state, now, &mut effects);
+        self.take_in(state, now, &mut effects);
         self.notify(state, &effects);
         debug_assert!(
             effects.holds_nothing(),
-            "a running pool's flush drops nothing"
+            "a running pool's intake drops nothing"
         );
     }
 
@@ -429,6 +449,14 @@ impl Store for MemoryStore {
 
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
         self.read(|state, _| state.completion_of(id))
+    }
+
+    fn completion_for(&self, id: TaskId) -> Option<Arc<Completion>> {
+        self.read(|state, _| state.completion_for(id))
+    }
+
+    fn hub(&self) -> &Arc<Hub> {
+        &self.hub
     }
 
     fn stats(&self) -> Stats {
@@ -643,6 +671,7 @@ impl Store for MemoryStore {
             // A few relaxed stores to the worker's own counters, before the outcome is public.
             run.count(now);
             state.complete(claim, outcome, now, &mut effects);
+            self.take_dropped(&mut state, &mut effects);
             // The record and the claim have dropped their clones of the token: if the handler
             // kept none either, the next task can have it.
             let mut spare = token.reusable().then_some(token);
@@ -703,7 +732,7 @@ impl MemoryStore {
     ) -> Option<Claim> {
         // Plain submits first: the best of everything submitted so far is taken.
         let mut admitted = Effects::default();
-        self.flush(state, now, &mut admitted);
+        self.take_in(state, now, &mut admitted);
         debug_assert!(admitted.holds_nothing(), "never called once stopping");
         if admitted.new_earliest {
             // Rule 3: a sleeping timer re-reads the earliest due time; without one, this worker
@@ -750,11 +779,28 @@ impl Drop for MemoryStore {
     /// that exits last, a handle's upgrade): the user values it still holds (dead letters'
     /// payloads, remembered outputs) are dropped one by one inside `catch_unwind`, never into
     /// the thread that happened to drop it.
+    ///
+    /// The outcomes kept for unread handles go to the hub, for those handles (see `hub.rs`).
     fn drop(&mut self) {
         let mut effects = Effects::default();
-        for record in self.state.get_mut().take_records() {
+        let state = self.state.get_mut();
+        while let Some(seq) = self.hub.take_dropped() {
+            state.handle_dropped(seq, &mut effects);
+        }
+        let mut kept = state.take_kept();
+        // Left in the intake (never, once the pool stopped: `stop` took it in): cancelled.
+        self.intake.drain(|entry| {
+            if !state.early_dropped(entry.seq) {
+                let completion = Completion::new();
+                completion.publish(Finished::Cancelled(CancelReason::Shutdown));
+                kept.insert(entry.seq, completion);
+            }
+            effects.drop_later(entry.payload);
+        });
+        for record in state.take_records() {
             effects.drop_record_later(record);
         }
+        self.hub.seal(kept);
         effects.apply();
     }
 }

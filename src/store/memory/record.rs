@@ -5,12 +5,12 @@ use std::any::Any;
 
 use super::Seq;
 use super::queue::Stamp;
-use crate::completion::Completion;
+use crate::completion::{Completion, Finished};
 use crate::sync::Arc;
 use crate::task::{CancelReason, Failure, TaskState};
 use crate::unwind;
 
-/// A task's record. Kept small (56 bytes): what only some tasks need lives in [`Extra`], and
+/// A task's record. Kept small (80 bytes): what only some tasks need lives in [`Extra`], and
 /// the cancellation tokens of running tasks in `State::tokens`.
 pub(crate) struct Record {
     pub(crate) state: TaskState,
@@ -29,9 +29,80 @@ pub(crate) struct Record {
     pub(crate) since: Stamp,
     /// `None` only while running (the worker holds it) or once dropped after the end.
     pub(crate) payload: Option<Box<dyn Any + Send>>,
-    /// Shared with every handle to the task.
-    pub(crate) completion: Arc<Completion>,
+    /// The outcome, for the handles (see `hub.rs`).
+    pub(crate) outcome: Outcome,
+    /// The plain submit's handle lives, has no completion yet, and its drop is not taken in:
+    /// the outcome is kept for it, past retention if need be (in `State::orphans`).
+    pub(crate) unread_handle: bool,
     pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// Where a task's outcome goes. A completion (an allocation the handles share) is made only
+/// once a handle reads the task; until then the outcome of a task that ended waits here.
+pub(crate) enum Outcome {
+    /// Not ended, and no handle has read the task.
+    Unread,
+    /// Succeeded before any handle read it: the output (`None` for a unit output is never the
+    /// case; the option keeps this enum at 24 bytes).
+    Succeeded(Option<Box<dyn Any + Send + Sync>>),
+    /// Failed or cancelled before any handle read it (boxed: rare, and the record stays small).
+    Ended(Box<Finished>),
+    /// Shared with the handles that read it; published once the task ends.
+    Shared(Arc<Completion>),
+}
+
+impl Outcome {
+    /// Publishes the task's ending: a step of the transition that makes it terminal.
+    pub(crate) fn publish(&mut self, finished: Finished) {
+        match self {
+            Outcome::Shared(completion) => completion.publish(finished),
+            _ => {
+                debug_assert!(
+                    matches!(self, Outcome::Unread),
+                    "a task reached two terminal states"
+                );
+                *self = match finished {
+                    Finished::Succeeded(output) => Outcome::Succeeded(output),
+                    finished => Outcome::Ended(Box::new(finished)),
+                };
+            }
+        }
+    }
+
+    /// The completion the handles share, made now if none has been.
+    pub(crate) fn shared(&mut self) -> Arc<Completion> {
+        match std::mem::replace(self, Outcome::Unread) {
+            Outcome::Shared(completion) => {
+                *self = Outcome::Shared(Arc::clone(&completion));
+                completion
+            }
+            Outcome::Unread => {
+                let completion = Completion::new();
+                *self = Outcome::Shared(Arc::clone(&completion));
+                completion
+            }
+            Outcome::Succeeded(output) => {
+                let completion = Completion::new();
+                completion.publish(Finished::Succeeded(output));
+                *self = Outcome::Shared(Arc::clone(&completion));
+                completion
+            }
+            Outcome::Ended(finished) => {
+                let completion = Completion::new();
+                completion.publish(*finished);
+                *self = Outcome::Shared(Arc::clone(&completion));
+                completion
+            }
+        }
+    }
+
+    pub(crate) fn is_published(&self) -> bool {
+        match self {
+            Outcome::Unread => false,
+            Outcome::Succeeded(_) | Outcome::Ended(_) => true,
+            Outcome::Shared(completion) => completion.is_published(),
+        }
+    }
 }
 
 /// One of the gates a task type may have (`gate.rs` names the gate itself: the type's own
@@ -128,22 +199,41 @@ impl Effects {
         }
     }
 
+    /// Drops a completion later: the last reference to its output may be this one.
+    pub(crate) fn drop_completion_later(&mut self, completion: Arc<Completion>) {
+        match self.completion_first {
+            None => self.completion_first = Some(completion),
+            Some(_) => self.completions_more.push(completion),
+        }
+    }
+
+    /// Drops an outcome later: it may hold an output, or be the last reference to one.
+    pub(crate) fn drop_outcome_later(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Unread => {}
+            Outcome::Succeeded(output) => {
+                if let Some(output) = output {
+                    self.drop_later(output);
+                }
+            }
+            Outcome::Ended(finished) => self.drop_later(finished),
+            Outcome::Shared(completion) => self.drop_completion_later(completion),
+        }
+    }
+
     /// Drops what a record holds of user values later: its payload, its completion (the last
     /// reference to its output may be this one), its extra (a handler's error).
     pub(crate) fn drop_record_later(&mut self, record: Record) {
         let Record {
             payload,
-            completion,
+            outcome,
             extra,
             ..
         } = record;
         if let Some(payload) = payload {
             self.drop_later(payload);
         }
-        match self.completion_first {
-            None => self.completion_first = Some(completion),
-            Some(_) => self.completions_more.push(completion),
-        }
+        self.drop_outcome_later(outcome);
         if let Some(extra) = extra {
             self.extras.push(extra);
         }
@@ -196,11 +286,13 @@ impl Effects {
 mod tests {
     use super::*;
 
-    /// A queued task costs a hash-map slot of an id and a record: keep the record small.
+    /// A queued task costs a hash-map slot of an id and a record: keep the record small. (80:
+    /// the outcome is kept here, 24 bytes, and the unread-handle flag, in place of an 8-byte
+    /// pointer to a completion of about 80 bytes that every task used to allocate.)
     #[test]
     fn a_record_stays_small() {
         assert!(
-            std::mem::size_of::<Record>() <= 56,
+            std::mem::size_of::<Record>() <= 80,
             "{}",
             std::mem::size_of::<Record>()
         );

@@ -21,8 +21,9 @@
 //!    `tokens` (no other task's is); every other non-terminal record holds its payload.
 //! 5. `counts` equals the number of records in each non-terminal state.
 //! 6. A record reaches a terminal state at most once; in that same step its outcome is published
-//!    to its completion (exactly once), its dependents are released or cancelled, and its id is
-//!    appended to `finished` (retention order).
+//!    (exactly once: to its completion, or into the record until a handle reads it), its
+//!    dependents are released or cancelled, and its id is appended to `finished` (retention
+//!    order).
 //! 7. `closed` ⇒ no task is accepted. `stopping` ⇒ `closed`, and no task is blocked, scheduled or
 //!    ready: workers exit as soon as they come back for work.
 //! 8. `keys` maps a key to a task holding it that is live or succeeded; a task that fails or is
@@ -48,6 +49,10 @@
 //!     for its bucket's next token (a due time of the timer).
 //! 14. A breaker's `probe_out` is set only while it is half-open, and every change of a
 //!     breaker's state is emitted as an `Event::Breaker` in the step that makes it.
+//! 15. The outcome of a task whose unread handle lives (see `hub.rs`) is kept: in its record
+//!     (`unread_handle`), or, once retention forgot the record, in `orphans`, published. No
+//!     task has both a record and an orphan. `early_drops` names only tasks still in the
+//!     intake.
 //!
 //! [`State::check_invariants`] checks these (for tests; it reads every record; the time-based
 //! halves of 12 and 13 are left to the tests of limits and breakers).
@@ -61,7 +66,7 @@ use super::Seq;
 use super::gate::{Gate, Gates, Wakes, ready_since};
 use super::intake::Entry;
 use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
-use super::record::{Effects, Gating, Record};
+use super::record::{Effects, Gating, Outcome, Record};
 use crate::aging::Aging;
 use crate::breaker::Verdict;
 use crate::cancel::CancelToken;
@@ -184,6 +189,11 @@ pub(crate) struct State {
     /// Dead letters: failed tasks not yet resubmitted or taken, in id order. Kept past
     /// retention, up to `retention.max_dead_letters`.
     dead: BTreeSet<Seq>,
+    /// The outcomes of forgotten tasks whose unread handle lives (invariant 15, see `hub.rs`).
+    orphans: IdMap<Arc<Completion>>,
+    /// Tasks still in the intake whose unread handle was dropped already (its drop was taken
+    /// in before the task).
+    early_drops: IdMap<()>,
     /// This pool's id: the first half of every [`TaskId`] it gives.
     pool: u64,
     /// Where dead letters and breaker changes are reported (a channel send: no user code runs
@@ -248,6 +258,8 @@ impl State {
             ready: ReadyQueue::new(),
             delayed: DelayedQueue::new(Epoch(epoch)),
             keys: HashMap::new(),
+            orphans: IdMap::default(),
+            early_drops: IdMap::default(),
             finished: VecDeque::new(),
             dead: BTreeSet::new(),
             counts: Counts::default(),
@@ -345,14 +357,11 @@ impl State {
     }
 
     /// The live or succeeded task holding `key` (invariant 8), and its type.
-    pub(crate) fn find_key(&self, key: &str) -> Option<(TaskId, u32, Arc<Completion>)> {
+    pub(crate) fn find_key(&mut self, key: &str) -> Option<(TaskId, u32, Arc<Completion>)> {
         let seq = *self.keys.get(key)?;
-        let record = &self.records[&seq];
-        Some((
-            self.id(seq),
-            record.type_index,
-            Arc::clone(&record.completion),
-        ))
+        let id = self.id(seq);
+        let record = self.records.get_mut(&seq).expect("invariant 8");
+        Some((id, record.type_index, record.outcome.shared()))
     }
 
     /// The dependencies still to wait for, by sequence number: one the pool forgot is satisfied
@@ -395,11 +404,11 @@ impl State {
             run_at,
             due,
             payload,
-            completion,
             type_index,
             priority,
         } = entry;
         self.totals.submitted += 1;
+        let dropped = !self.early_drops.is_empty() && self.early_drops.remove(&seq).is_some();
         let record = Record {
             state: TaskState::Blocked,
             type_index,
@@ -409,7 +418,8 @@ impl State {
             pending_dependencies: 0,
             since: run_at,
             payload: Some(payload),
-            completion,
+            outcome: Outcome::Unread,
+            unread_handle: !dropped,
             extra: None,
         };
         self.records.insert(seq, record);
@@ -465,7 +475,8 @@ impl State {
             pending_dependencies: pending,
             since: self.epoch.stamp(task.run_at),
             payload: Some(task.payload),
-            completion: Arc::clone(&completion),
+            outcome: Outcome::Shared(Arc::clone(&completion)),
+            unread_handle: false,
             extra: None,
         };
         if let Some(key) = task.key {
@@ -922,7 +933,7 @@ impl State {
             };
             // Published under the lock, in the same step as the state change: whoever sees the
             // task terminal (its dependents' handlers, `status`, `wait_idle`) finds its outcome.
-            record.completion.publish(finished);
+            record.outcome.publish(finished);
             self.finished.push_back((seq, now));
             if state != TaskState::Succeeded {
                 // Keeps invariant 8.
@@ -1277,11 +1288,29 @@ impl State {
     /// Drops a terminal record: its key if it still holds one, and the record itself once the
     /// lock is released (its payload, output and error are user values).
     fn forget(&mut self, seq: Seq, effects: &mut Effects) {
-        let Some(record) = self.records.remove(&seq) else {
+        let Some(mut record) = self.records.remove(&seq) else {
             return;
         };
         self.release_key(record.key().map(|k| &**k), seq);
+        if record.unread_handle {
+            // Keeps invariant 15.
+            self.orphans.insert(seq, record.outcome.shared());
+        }
         effects.drop_record_later(record);
+    }
+
+    /// The unread handle of task `seq` was dropped (see `hub.rs`): its outcome need not be
+    /// kept any more.
+    pub(crate) fn handle_dropped(&mut self, seq: Seq, effects: &mut Effects) {
+        if let Some(record) = self.records.get_mut(&seq) {
+            record.unread_handle = false;
+        } else if let Some(completion) = self.orphans.remove(&seq) {
+            effects.drop_completion_later(completion);
+        } else {
+            // Only a task still in the intake has neither (the handle's drop was pushed after
+            // its task, and taken in before it).
+            self.early_drops.insert(seq, ());
+        }
     }
 
     /// Drops the oldest terminal records beyond the retention limits. A dead letter's record
@@ -1310,9 +1339,45 @@ impl State {
     // ===== reading =====
 
     /// A task's type index and completion, to make a handle for it.
-    pub(crate) fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
-        let (_, record) = self.record(id)?;
-        Some((record.type_index, Arc::clone(&record.completion)))
+    pub(crate) fn completion_of(&mut self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
+        let seq = self.local(id)?;
+        let record = self.records.get_mut(&seq)?;
+        Some((record.type_index, record.outcome.shared()))
+    }
+
+    /// The completion for the unread handle of task `id`, which reads it now: from its record,
+    /// or from the orphans once the record is forgotten (invariant 15).
+    pub(crate) fn completion_for(&mut self, id: TaskId) -> Option<Arc<Completion>> {
+        let seq = self.local(id)?;
+        match self.records.get_mut(&seq) {
+            Some(record) => {
+                record.unread_handle = false;
+                Some(record.outcome.shared())
+            }
+            None => self.orphans.remove(&seq),
+        }
+    }
+
+    /// Whether the unread handle of task `seq`, still in the intake, was dropped (forgotten
+    /// once asked).
+    pub(crate) fn early_dropped(&mut self, seq: Seq) -> bool {
+        self.early_drops.remove(&seq).is_some()
+    }
+
+    /// For the store's `Drop`: the outcomes kept for unread handles, each published (a task
+    /// that never ended is cancelled by the shutdown, as the pool was dropped).
+    pub(crate) fn take_kept(&mut self) -> HashMap<Seq, Arc<Completion>> {
+        let mut kept: HashMap<Seq, Arc<Completion>> = self.orphans.drain().collect();
+        for (&seq, record) in &mut self.records {
+            if record.unread_handle {
+                let completion = record.outcome.shared();
+                if !completion.is_published() {
+                    completion.publish(Finished::Cancelled(CancelReason::Shutdown));
+                }
+                kept.insert(seq, completion);
+            }
+        }
+        kept
     }
 
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
@@ -1433,7 +1498,7 @@ impl State {
         for (&seq, record) in &self.records {
             let id = self.id(seq);
             counts.enter(record.state);
-            let published = record.completion.is_published();
+            let published = record.outcome.is_published();
             if record.state.is_terminal() {
                 terminal += 1;
                 if !published {
@@ -1588,6 +1653,22 @@ impl State {
         if self.stopping && (counts.blocked + counts.scheduled + counts.ready) > 0 {
             return fail(7, "stopping with tasks still queued".to_owned());
         }
+        for (seq, completion) in &self.orphans {
+            if self.records.contains_key(seq) || !completion.is_published() {
+                return fail(
+                    15,
+                    format!("orphan {} has a record or no outcome", self.id(*seq)),
+                );
+            }
+        }
+        for seq in self.early_drops.keys() {
+            if self.records.contains_key(seq) || self.orphans.contains_key(seq) {
+                return fail(
+                    15,
+                    format!("early drop {} is not in the intake", self.id(*seq)),
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -1738,8 +1819,11 @@ mod tests {
         );
         broken(
             |s, a, _| {
-                let completion = Arc::clone(&s.records[&a].completion);
-                completion.publish(Finished::Cancelled(CancelReason::Requested));
+                let record = s.records.get_mut(&a).unwrap();
+                record
+                    .outcome
+                    .shared()
+                    .publish(Finished::Cancelled(CancelReason::Requested));
             },
             "invariant 6",
         );

@@ -41,10 +41,10 @@ impl MemoryStore {
         }
         let now = self.clock().now();
         let run_at = self.run_at(task.start, now)?;
-        let completion = Completion::new();
         if task.dependencies.is_empty() && task.key.is_none() {
-            return self.submit_plain(task, now, run_at, completion);
+            return self.submit_plain(task, now, run_at);
         }
+        let completion = Completion::new();
 
         // Allocated before taking the lock, to keep the critical section short.
         let key: Option<Arc<str>> = task.key.map(Arc::from);
@@ -63,7 +63,7 @@ impl MemoryStore {
                 }
                 return Ok(Submitted {
                     id: existing,
-                    completion,
+                    completion: Some(completion),
                     duplicate: true,
                 });
             }
@@ -86,7 +86,7 @@ impl MemoryStore {
         effects.apply();
         Ok(Submitted {
             id,
-            completion,
+            completion: Some(completion),
             duplicate: false,
         })
     }
@@ -98,7 +98,6 @@ impl MemoryStore {
         task: Submission<'_>,
         now: Instant,
         run_at: Instant,
-        completion: Arc<Completion>,
     ) -> Result<Submitted, SubmitErrorKind> {
         // Accepted or refused here, by the id (see `intake.rs`).
         let seq = self.intake.next_seq().ok_or(SubmitErrorKind::ShutDown)?;
@@ -107,7 +106,6 @@ impl MemoryStore {
             run_at: self.epoch.stamp(run_at),
             due: run_at <= now,
             payload: task.payload.take(),
-            completion: Arc::clone(&completion),
             type_index: task.type_index,
             priority: task.priority,
         };
@@ -117,7 +115,7 @@ impl MemoryStore {
         }
         Ok(Submitted {
             id: TaskId::from_parts(self.pool_id, seq),
-            completion,
+            completion: None,
             duplicate: false,
         })
     }
@@ -186,7 +184,7 @@ impl MemoryStore {
             {
                 submitted.push(Submitted {
                     id: existing,
-                    completion,
+                    completion: Some(completion),
                     duplicate: true,
                 });
                 continue;
@@ -202,7 +200,7 @@ impl MemoryStore {
             let (id, completion) = state.insert(new, completion, now, &mut effects);
             submitted.push(Submitted {
                 id,
-                completion,
+                completion: Some(completion),
                 duplicate: false,
             });
         }

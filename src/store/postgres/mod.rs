@@ -62,6 +62,7 @@ use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::event::Events;
+use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
@@ -208,6 +209,14 @@ struct Local {
 impl Local {
     /// Whether the fetcher should claim (when woken): a slot is free and, with prefetch, a
     /// batch's worth of slots is, or the workers have nothing left to take.
+    /// Nothing claimed by this pool is waiting or running: a claim leaves `running` only after
+    /// its ending is written and published to this process's handles (see `finish`), so a
+    /// wait that sees the database settled and this settled returns after every local
+    /// handle of the tasks this pool ran has its outcome.
+    fn settled(&self) -> bool {
+        self.queue.is_empty() && self.running.is_empty()
+    }
+
     fn wants_claim(&self, prefetch: usize) -> bool {
         self.free > 0 && (self.free >= prefetch || self.queue.is_empty())
     }
@@ -253,6 +262,8 @@ pub(crate) struct PgStore {
     done_cv: Condvar,
     /// Handles waiting in this process, by row id.
     waiters: Mutex<HashMap<i64, Weak<Completion>>>,
+    /// What the pool's handles share (they always hold their completion here).
+    hub: Arc<Hub>,
     /// Successes waiting to be written together.
     acks: acks::Acks,
     clock: Clock,
@@ -357,6 +368,7 @@ impl PgStore {
             gates,
             aging: Mutex::new(gates::AgingTurn::default()),
             aging_cv: Condvar::new(),
+            hub: Hub::new(),
         });
         if let Some(gates) = &store.gates {
             // The rows every process shares: made by the first pool that uses them.
@@ -364,6 +376,8 @@ impl PgStore {
                 .with_conn(|c| gates::ensure_rows(c, gates))
                 .map_err(BuildError::Store)?;
         }
+        let as_store: Weak<dyn Store> = Arc::downgrade(&store) as Weak<PgStore>;
+        store.hub.attach(as_store);
         let sleeper: Weak<PgStore> = Arc::downgrade(&store);
         store.clock.register(sleeper);
         // The fetcher is joined at shutdown. The maintenance thread is not: it outlives the
@@ -1280,6 +1294,10 @@ impl Store for PgStore {
         }
     }
 
+    fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
         let seq = self.seq(id)?;
         let sql = format!(
@@ -1430,7 +1448,7 @@ impl Store for PgStore {
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
         self.poll_until(deadline, |store| {
-            if !store.local.lock().queue.is_empty() {
+            if !store.local.lock().settled() {
                 return false;
             }
             // Ready tasks that a gate holds until the clock moves (an empty bucket, a breaker
@@ -1456,6 +1474,9 @@ impl Store for PgStore {
 
     fn wait_empty(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
         self.poll_until(deadline, |store| {
+            if !store.local.lock().settled() {
+                return false;
+            }
             store
                 .with_conn(|c| {
                     c.query_one(
@@ -1680,7 +1701,7 @@ impl PgStore {
             .zip(completions)
             .map(|(&(seq, duplicate, _), completion)| Submitted {
                 id: self.id(seq),
-                completion,
+                completion: Some(completion),
                 duplicate,
             })
             .collect()

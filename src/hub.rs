@@ -1,0 +1,126 @@
+//! Where a pool's handles find their store, and their tasks' outcomes once the store is gone.
+//!
+//! The embedded store makes a task's [`Completion`] lazily: a plain submit's handle starts
+//! without one, and asks the store for it the first time it reads the task (a wait, a status,
+//! a clone). A task whose handle was dropped unread never needs one, which saves an allocation
+//! and about 80 bytes per queued task. The store must then know, when it forgets a finished
+//! task (retention) or is itself dropped, whether that unread handle still lives, and keep the
+//! outcome for it if so. The hub is how it learns, and where the outcome waits:
+//!
+//! - A handle dropped unread pushes its sequence number onto [`dropped`](Hub::dropped), with no
+//!   lock; the store takes the queue in under its lock (after its intake, see
+//!   `store/memory/intake.rs`), and stops keeping outcomes for those tasks.
+//! - When the store is dropped, it hands every outcome still kept for a live handle to
+//!   [`seal`](Hub::seal). A handle whose store is gone waits until the hub is sealed (the
+//!   store's `Drop` runs right after its last reference goes), then takes its outcome there. A
+//!   handle dropped unread after that takes its outcome out and drops it (a drop pushed while
+//!   the store sealed the hub is found by one of the two: the handle re-checks the seal after
+//!   its push, the seal drains the queue after it is set). What is left when the hub goes is
+//!   dropped then, each value inside `catch_unwind` (outputs are user values).
+//!
+//! Invariant: every handle without a completion can get its task's outcome, from the store
+//! while it lives and from the hub after. The store keeps an unread handle's outcome (in the
+//! task's record, or among its orphans once retention forgot the record) until the handle's
+//! drop is taken in or the handle takes the outcome.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use crate::completion::Completion;
+use crate::store::Store;
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, Queue, Weak};
+use crate::unwind;
+
+/// What a pool's handles share (one per pool).
+pub(crate) struct Hub {
+    store: OnceLock<Weak<dyn Store>>,
+    /// Sequence numbers of tasks whose unread handle was dropped, for the store to take in.
+    dropped: Queue<u64>,
+    /// `Some` once the store is gone: the outcomes it kept for live handles.
+    sealed: Mutex<Option<HashMap<u64, Arc<Completion>>>>,
+    /// Set (after `sealed`) once the store is gone.
+    is_sealed: AtomicBool,
+    sealed_cv: Condvar,
+}
+
+impl Hub {
+    pub(crate) fn new() -> Arc<Hub> {
+        Arc::new(Hub {
+            store: OnceLock::new(),
+            dropped: Queue::new(),
+            sealed: Mutex::new(None),
+            is_sealed: AtomicBool::new(false),
+            sealed_cv: Condvar::new(),
+        })
+    }
+
+    /// Ties the hub to its store, once, as the store is made.
+    pub(crate) fn attach(&self, store: Weak<dyn Store>) {
+        let attached = self.store.set(store).is_ok();
+        debug_assert!(attached, "a hub serves one store");
+    }
+
+    /// The store, while it lives.
+    pub(crate) fn store(&self) -> Option<Arc<dyn Store>> {
+        self.store.get().and_then(Weak::upgrade)
+    }
+
+    /// A handle to task `seq` was dropped without its completion (no lock while the store
+    /// lives: see the module docs). Once the store is gone, the outcome kept for the handle,
+    /// for the caller to drop outside any lock.
+    pub(crate) fn handle_dropped(&self, seq: u64) -> Option<Arc<Completion>> {
+        self.dropped.push(seq);
+        if self.is_sealed.load(Ordering::SeqCst) {
+            self.take_kept(seq)
+        } else {
+            None
+        }
+    }
+
+    /// The outcome the store kept for task `seq`, if the hub is sealed.
+    fn take_kept(&self, seq: u64) -> Option<Arc<Completion>> {
+        self.sealed
+            .lock()
+            .as_mut()
+            .and_then(|kept| kept.remove(&seq))
+    }
+
+    /// The next dropped handle's task, for the store to take in.
+    pub(crate) fn take_dropped(&self) -> Option<u64> {
+        self.dropped.pop()
+    }
+
+    /// The store is gone: `kept` are the outcomes it kept for live handles. (Called by the
+    /// store's `Drop`, after it took in the drops queued so far.)
+    pub(crate) fn seal(&self, kept: HashMap<u64, Arc<Completion>>) {
+        *self.sealed.lock() = Some(kept);
+        self.is_sealed.store(true, Ordering::SeqCst);
+        self.sealed_cv.notify_all();
+        // Handles dropped while the store sealed: they may not have seen the seal.
+        while let Some(seq) = self.dropped.pop() {
+            unwind::drop_quietly(self.take_kept(seq));
+        }
+    }
+
+    /// Task `seq`'s completion, for a handle whose store is gone: waits for the store's `Drop`
+    /// to seal the hub (it is under way once no reference to the store is left). `None` if the
+    /// store kept nothing for it (a store whose handles always hold their completion).
+    pub(crate) fn take_sealed(&self, seq: u64) -> Option<Arc<Completion>> {
+        let mut sealed = self.sealed.lock();
+        loop {
+            if let Some(kept) = sealed.as_mut() {
+                return kept.remove(&seq);
+            }
+            self.sealed_cv.wait(&mut sealed);
+        }
+    }
+}
+
+impl Drop for Hub {
+    /// The outcomes still kept hold user values (outputs): each is dropped on its own.
+    fn drop(&mut self) {
+        if let Some(kept) = self.sealed.get_mut().take() {
+            kept.into_values().for_each(unwind::drop_quietly);
+        }
+    }
+}
