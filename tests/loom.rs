@@ -509,8 +509,8 @@ impl Drop for Counted {
 
 const COUNTED: TaskType<(), Counted> = TaskType::new("counted");
 
-/// One worker, retention 0 (a task is forgotten as it finishes), and a task type whose output
-/// counts its drops in `drops`.
+/// One worker, retention 0 (a task is forgotten as it finishes), a task type whose output
+/// counts its drops in `drops`, and `JOB`.
 fn forgetful_pool(drops: &Arc<AtomicUsize>) -> Pool {
     let drops = Arc::clone(drops);
     Pool::builder()
@@ -521,6 +521,7 @@ fn forgetful_pool(drops: &Arc<AtomicUsize>) -> Pool {
         .register(COUNTED, move |_, _: &()| {
             Ok::<_, HandlerError>(Counted(Arc::clone(&drops)))
         })
+        .register(JOB, |_, n: &u32| Ok::<_, HandlerError>(*n))
         .build()
         .expect("pool builds")
 }
@@ -547,17 +548,19 @@ fn an_unread_handle_reads_while_its_task_is_forgotten() {
     });
 }
 
-/// 18. A plain submit's handle is dropped unread while its task goes into the state, runs and
-/// is forgotten: whichever comes first (the drop taken in before the task, before its end, or
-/// after retention kept its output as an orphan), the output is dropped exactly once, by the
-/// shutdown at the latest.
+/// 18. A plain submit's handle is dropped unread while the worker finishes the task before it,
+/// then takes its task in, runs it and forgets it: whichever comes first (the drop taken in
+/// before the task, before its end, or after retention kept its output as an orphan), the
+/// output is dropped exactly once, by the shutdown at the latest.
 #[test]
 fn an_unread_handle_dropped_while_its_task_runs() {
     model(|| {
         let drops = Arc::new(AtomicUsize::new(0));
         let pool = Arc::new(forgetful_pool(&drops));
+        let first = pool.submit(JOB.task(1)).unwrap();
         let handle = pool.submit(COUNTED.task(())).unwrap();
         let dropper = thread::spawn(move || drop(handle));
+        assert_eq!(first.wait(), Outcome::Succeeded(1));
         pool.wait_idle();
         dropper.join().unwrap();
         pool.shutdown(Duration::from_secs(1));

@@ -129,6 +129,36 @@ fn unread_handles_read_their_outcomes_after_the_pool_is_dropped() {
     );
 }
 
+/// A handler submits a task and drops its handle at once: the worker takes that drop in as it
+/// finishes the handler's task, before it takes the new task in (the drop arrives before its
+/// task). The task still runs, and its output is dropped when retention forgets it.
+#[test]
+fn a_handle_dropped_before_its_task_is_taken_in_keeps_nothing() {
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    const SPAWN: TaskType<(), ()> = TaskType::new("spawn");
+    let pool = Pool::builder()
+        .workers(1)
+        .retention(0, None)
+        .register(MAKE, |_, drops: &&'static AtomicUsize| {
+            Ok::<_, HandlerError>(Counted(drops))
+        })
+        .register(SPAWN, |ctx, _: &()| {
+            drop(
+                ctx.submit(MAKE.task(&DROPS))
+                    .map_err(HandlerError::permanent)?,
+            );
+            Ok::<_, HandlerError>(())
+        })
+        .build()
+        .unwrap();
+    assert!(pool.submit(SPAWN.task(())).unwrap().wait().is_succeeded());
+    pool.wait_empty(Some(Duration::from_secs(60))).unwrap();
+    pool.check_invariants().unwrap();
+    pool.shutdown(Duration::from_secs(10));
+    assert_eq!(pool.stats().totals.succeeded, 2);
+    assert_eq!(DROPS.load(Ordering::SeqCst), 1, "nothing kept for nobody");
+}
+
 /// A clone of an unread handle shares its outcome, and either may be read first.
 #[test]
 fn clones_of_an_unread_handle_share_the_outcome() {
