@@ -172,3 +172,203 @@ fn clones_of_an_unread_handle_share_the_outcome() {
     pool.shutdown(Duration::from_secs(10));
     pool.check_invariants().unwrap();
 }
+
+/// Outputs made (by the handler and by every clone) and dropped, for the randomized run.
+static MADE: AtomicUsize = AtomicUsize::new(0);
+static GONE: AtomicUsize = AtomicUsize::new(0);
+
+/// An output that counts itself in [`MADE`] and [`GONE`].
+#[derive(Debug)]
+struct Tracked(u64);
+
+impl Tracked {
+    fn new(n: u64) -> Self {
+        MADE.fetch_add(1, Ordering::SeqCst);
+        Tracked(n)
+    }
+}
+
+impl Clone for Tracked {
+    fn clone(&self) -> Self {
+        Tracked::new(self.0)
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        GONE.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Payload `n`: ends by `n % 10` (0 permanent failure, 1 panic, else success with `n`).
+const WORK: TaskType<u64, Tracked> = TaskType::new("work");
+
+/// A small xorshift: the run's choices, reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Every way a handle can go, mixed at random over many tasks with a small retention, delays,
+/// dependencies, keys, cancels and a shutdown whose deadline is drawn at random: handles dropped
+/// unread at once or later on another thread, read at once, cloned, or kept unread to the end.
+/// Checked: every kept handle's wait returns an outcome that fits its task; the totals balance;
+/// the engine's invariants hold throughout; and once the pool and every handle are gone, every
+/// output ever made was dropped exactly once (nothing kept for nobody, nothing dropped twice).
+#[test]
+fn a_randomized_mix_of_kept_read_cloned_and_dropped_handles() {
+    let seed = std::env::var("TASQ_UNREAD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 | 1)
+        });
+    let tasks: u64 = std::env::var("TASQ_UNREAD_TASKS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300_000);
+    eprintln!("seed {seed} (replay with TASQ_UNREAD_SEED={seed}), {tasks} tasks");
+    let mut rng = Rng(seed);
+    let retention = rng.below(17) as usize;
+    let pool = Pool::builder()
+        .workers(3)
+        .retention(retention, None)
+        .max_attempts(1)
+        .quiet_panics(true)
+        .register(WORK, |_, n: &u64| match n % 10 {
+            0 => Err(HandlerError::permanent("zero")),
+            1 => panic!("one"),
+            _ => Ok(Tracked::new(*n)),
+        })
+        .build()
+        .unwrap();
+    let (later, dropped_later) = crossbeam_channel::unbounded::<tasq::TaskHandle<Tracked>>();
+    let dropper = std::thread::spawn(move || {
+        for handle in dropped_later {
+            if handle.id().seq() % 3 == 0 {
+                let _ = handle.try_wait();
+            }
+            drop(handle);
+        }
+    });
+    let mut kept: Vec<(u64, tasq::TaskHandle<Tracked>)> = Vec::new();
+    let (mut refused, mut duplicates) = (0, 0);
+    for i in 0..tasks {
+        let n = rng.below(1_000_000);
+        let mut task = WORK.task(n);
+        match rng.below(8) {
+            0 => task = task.delay(Duration::from_micros(rng.below(500))),
+            1 if !kept.is_empty() => {
+                let dependency = kept[rng.below(kept.len() as u64) as usize].1.id();
+                task = task.after([dependency]);
+            }
+            2 => task = task.key(format!("key-{}", rng.below(50))),
+            _ => {}
+        }
+        let handle = match pool.submit(task) {
+            Ok(handle) => handle,
+            Err(error) => {
+                // A dependency retention already forgot.
+                assert!(
+                    matches!(error.kind(), tasq::SubmitErrorKind::UnknownDependency(_)),
+                    "seed {seed}: {error}"
+                );
+                refused += 1;
+                continue;
+            }
+        };
+        duplicates += u64::from(handle.is_duplicate());
+        match rng.below(6) {
+            0 => drop(handle),
+            1 => later.send(handle).unwrap(),
+            2 => {
+                let _ = handle.try_wait();
+                kept.push((n, handle));
+            }
+            3 => {
+                later.send(handle.clone()).unwrap();
+                kept.push((n, handle));
+            }
+            _ => kept.push((n, handle)),
+        }
+        if rng.below(50) == 0 && !kept.is_empty() {
+            let id = kept[rng.below(kept.len() as u64) as usize].1.id();
+            let _ = pool.cancel(id);
+        }
+        if i % 10_000 == 0 {
+            pool.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
+        if kept.len() > 4_000 {
+            // The oldest are read (some long forgotten by the pool) and let go.
+            for (n, handle) in kept.drain(..2_000) {
+                check_outcome(seed, n, &handle);
+            }
+        }
+    }
+    drop(later);
+    dropper.join().unwrap();
+    pool.shutdown(Duration::from_millis(rng.below(50)));
+    pool.check_invariants()
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    for (n, handle) in &kept {
+        check_outcome(seed, *n, handle);
+    }
+    let totals = pool.stats().totals;
+    assert_eq!(
+        totals.submitted,
+        totals.succeeded + totals.failed + totals.cancelled,
+        "seed {seed}: {totals:?}"
+    );
+    assert_eq!(
+        totals.submitted + refused + duplicates,
+        tasks,
+        "seed {seed}: each submit is accepted, refused or deduplicated"
+    );
+    // Every handle gone, and their drops taken in (a cancel moves them in first): the pool
+    // holds no output but those of the tasks it still remembers.
+    let last = kept.last().map(|(_, handle)| handle.id());
+    drop(kept);
+    if let Some(id) = last {
+        let _ = pool.cancel(id);
+    }
+    let held = MADE.load(Ordering::SeqCst) - GONE.load(Ordering::SeqCst);
+    assert!(
+        held <= retention,
+        "seed {seed}: {held} outputs held with every handle gone, retention {retention}"
+    );
+    drop(pool);
+    assert_eq!(
+        MADE.load(Ordering::SeqCst),
+        GONE.load(Ordering::SeqCst),
+        "seed {seed}: every output is dropped exactly once"
+    );
+}
+
+/// A kept handle's outcome: it returns, and fits what payload `n` told the handler (a
+/// deduplicated submit reads the task that held the key; a cancel or a failed dependency may
+/// end any task).
+fn check_outcome(seed: u64, n: u64, handle: &tasq::TaskHandle<Tracked>) {
+    let outcome = handle
+        .wait_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("seed {seed}: {} never ended", handle.id()));
+    if handle.is_duplicate() {
+        return;
+    }
+    match outcome {
+        Outcome::Succeeded(output) => {
+            assert_eq!(output.0, n, "seed {seed}: {}", handle.id());
+            assert!(n % 10 >= 2, "seed {seed}: {} succeeded", handle.id());
+        }
+        Outcome::Failed(_) => assert!(n % 10 < 2, "seed {seed}: {} failed", handle.id()),
+        Outcome::Cancelled(_) => {}
+    }
+}
