@@ -3,6 +3,7 @@
 //! and start as soon as the limit lets them (no lost wake-up); other types run meanwhile.
 //! On both stores.
 
+mod support_rng;
 mod support_store;
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
+use support_rng::Rng;
 use support_store::{HANG_GUARD, Signal, TestPool, finish, raise, settle};
 use tasq::{
     HandlerError, ManualClock, Outcome, RateLimit, TaskHandle, TaskState, TaskType, TypeOptions,
@@ -326,18 +328,6 @@ fn limits_of_zero_are_refused() {
 
 // ===== every gate at once, with everything else =====
 
-/// One small random generator (xorshift), seeded per run.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// A randomized run on the embedded store mixing concurrency limits, rate limits, a breaker
 /// shared by two types, aging, retries, permanent failures, panics, delays, dependencies and
 /// cancels, on a manual clock a thread keeps moving; the engine's invariants are checked all
@@ -356,11 +346,8 @@ fn embedded_gates_mixed_with_everything() {
     const C: TaskType<u64, u64> = TaskType::new("mixed-c");
     const D: TaskType<u64, u64> = TaskType::new("mixed-d");
     const TASKS: usize = 3000;
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-        | 1;
-    println!("seed {seed}");
+    let seed = support_rng::seed("TASQ_LIMITS_SEED");
+    println!("seed {seed} (replay with TASQ_LIMITS_SEED={seed})");
 
     /// What the handlers share: runs per task, tasks running per type, the most ever.
     #[derive(Default)]

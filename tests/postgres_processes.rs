@@ -6,6 +6,7 @@
 #![cfg(feature = "postgres")]
 
 mod support_pg;
+mod support_rng;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use postgres::{Client, NoTls};
 use support_pg::TestDb;
+use support_rng::Rng;
 use tasq::{Breaker, HandlerError, Outcome, Pool, TaskHandle, TaskType, TypeOptions};
 
 /// Records (task, lease, worker) in `effects`, then succeeds.
@@ -310,18 +312,6 @@ fn producer(db: &TestDb) -> Pool {
         .register(LIMITED, |_, _: &u64| Ok::<_, HandlerError>(()))
         .build()
         .unwrap()
-}
-
-/// A small xorshift: the chaos schedule, reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// 6 worker processes with 2 s leases work through the tasks while a random one is killed

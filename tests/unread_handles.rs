@@ -3,8 +3,12 @@
 //! the outcome of a task whose unread handle lives, past retention and past the pool itself,
 //! and lets it go once that handle is dropped.
 
+mod support_rng;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use support_rng::Rng;
 
 use tasq::{
     CancelError, CancelReason, HandlerError, ManualClock, Outcome, Pool, TaskState, TaskType,
@@ -203,18 +207,6 @@ impl Drop for Tracked {
 /// Payload `n`: ends by `n % 10` (0 permanent failure, 1 panic, else success with `n`).
 const WORK: TaskType<u64, Tracked> = TaskType::new("work");
 
-/// A small xorshift: the run's choices, reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// Every way a handle can go, mixed at random over many tasks with a small retention, delays,
 /// dependencies, keys, cancels and a shutdown whose deadline is drawn at random: handles dropped
 /// unread at once or later on another thread, read at once, cloned, or kept unread to the end.
@@ -223,14 +215,7 @@ impl Rng {
 /// output ever made was dropped exactly once (nothing kept for nobody, nothing dropped twice).
 #[test]
 fn a_randomized_mix_of_kept_read_cloned_and_dropped_handles() {
-    let seed = std::env::var("TASQ_UNREAD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64 | 1)
-        });
+    let seed = support_rng::seed("TASQ_UNREAD_SEED");
     let tasks: u64 = std::env::var("TASQ_UNREAD_TASKS")
         .ok()
         .and_then(|s| s.parse().ok())
