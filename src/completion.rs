@@ -67,6 +67,14 @@ impl Completion {
         })
     }
 
+    /// A completion published at once with `finished`: for an outcome that waited elsewhere
+    /// until a handle asked.
+    pub(crate) fn ended(finished: Finished) -> Arc<Self> {
+        let completion = Completion::new();
+        completion.publish(finished);
+        completion
+    }
+
     /// Publishes the outcome and wakes every waiter. Called once per task, in the step that
     /// makes the task terminal: it runs no user code (the output is moved in), and waiters wake
     /// on this completion's own lock.

@@ -208,9 +208,7 @@ impl<O> TaskHandle<O> {
         .unwrap_or_else(|| {
             // Never: a store keeps the outcome of every task whose unread handle lives.
             debug_assert!(false, "no outcome kept for {}", self.id);
-            let lost = Completion::new();
-            lost.publish(Finished::Cancelled(CancelReason::Shutdown));
-            lost
+            Completion::ended(Finished::Cancelled(CancelReason::Shutdown))
         });
         *slot = Some(Arc::clone(&completion));
         drop(slot);

@@ -55,7 +55,8 @@ impl Hub {
     }
 
     /// Ties the hub to its store, once, as the store is made.
-    pub(crate) fn attach(&self, store: Weak<dyn Store>) {
+    pub(crate) fn attach<S: Store + 'static>(&self, store: &Arc<S>) {
+        let store: Weak<dyn Store> = Arc::downgrade(store) as Weak<S>;
         let attached = self.store.set(store).is_ok();
         debug_assert!(attached, "a hub serves one store");
     }

@@ -156,8 +156,7 @@ impl MemoryStore {
         let shared = Arc::new(MemoryStore::new(
             registry, clock, retention, workers, pool_id, events,
         ));
-        let as_store: Weak<dyn Store> = Arc::downgrade(&shared) as Weak<MemoryStore>;
-        shared.hub.attach(as_store);
+        shared.hub.attach(&shared);
         let sleeper: Weak<MemoryStore> = Arc::downgrade(&shared);
         shared.clock.register(sleeper);
         shared
@@ -791,9 +790,8 @@ impl Drop for MemoryStore {
         // Left in the intake (never, once the pool stopped: `stop` took it in): cancelled.
         self.intake.drain(|entry| {
             if !state.early_dropped(entry.seq) {
-                let completion = Completion::new();
-                completion.publish(Finished::Cancelled(CancelReason::Shutdown));
-                kept.insert(entry.seq, completion);
+                let cancelled = Completion::ended(Finished::Cancelled(CancelReason::Shutdown));
+                kept.insert(entry.seq, cancelled);
             }
             effects.drop_later(entry.payload);
         });

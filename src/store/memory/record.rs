@@ -42,8 +42,7 @@ pub(crate) struct Record {
 pub(crate) enum Outcome {
     /// Not ended, and no handle has read the task.
     Unread,
-    /// Succeeded before any handle read it: the output (`None` for a unit output is never the
-    /// case; the option keeps this enum at 24 bytes).
+    /// Succeeded before any handle read it: the output, as `Finished::Succeeded` carries it.
     Succeeded(Option<Box<dyn Any + Send + Sync>>),
     /// Failed or cancelled before any handle read it (boxed: rare, and the record stays small).
     Ended(Box<Finished>),
@@ -71,29 +70,14 @@ impl Outcome {
 
     /// The completion the handles share, made now if none has been.
     pub(crate) fn shared(&mut self) -> Arc<Completion> {
-        match std::mem::replace(self, Outcome::Unread) {
-            Outcome::Shared(completion) => {
-                *self = Outcome::Shared(Arc::clone(&completion));
-                completion
-            }
-            Outcome::Unread => {
-                let completion = Completion::new();
-                *self = Outcome::Shared(Arc::clone(&completion));
-                completion
-            }
-            Outcome::Succeeded(output) => {
-                let completion = Completion::new();
-                completion.publish(Finished::Succeeded(output));
-                *self = Outcome::Shared(Arc::clone(&completion));
-                completion
-            }
-            Outcome::Ended(finished) => {
-                let completion = Completion::new();
-                completion.publish(*finished);
-                *self = Outcome::Shared(Arc::clone(&completion));
-                completion
-            }
-        }
+        let completion = match std::mem::replace(self, Outcome::Unread) {
+            Outcome::Shared(completion) => completion,
+            Outcome::Unread => Completion::new(),
+            Outcome::Succeeded(output) => Completion::ended(Finished::Succeeded(output)),
+            Outcome::Ended(finished) => Completion::ended(*finished),
+        };
+        *self = Outcome::Shared(Arc::clone(&completion));
+        completion
     }
 
     pub(crate) fn is_published(&self) -> bool {

@@ -207,8 +207,6 @@ struct Local {
 }
 
 impl Local {
-    /// Whether the fetcher should claim (when woken): a slot is free and, with prefetch, a
-    /// batch's worth of slots is, or the workers have nothing left to take.
     /// Nothing claimed by this pool is waiting or running: a claim leaves `running` only after
     /// its ending is written and published to this process's handles (see `finish`), so a
     /// wait that sees the database settled and this settled returns after every local
@@ -217,6 +215,8 @@ impl Local {
         self.queue.is_empty() && self.running.is_empty()
     }
 
+    /// Whether the fetcher should claim (when woken): a slot is free and, with prefetch, a
+    /// batch's worth of slots is, or the workers have nothing left to take.
     fn wants_claim(&self, prefetch: usize) -> bool {
         self.free > 0 && (self.free >= prefetch || self.queue.is_empty())
     }
@@ -376,8 +376,7 @@ impl PgStore {
                 .with_conn(|c| gates::ensure_rows(c, gates))
                 .map_err(BuildError::Store)?;
         }
-        let as_store: Weak<dyn Store> = Arc::downgrade(&store) as Weak<PgStore>;
-        store.hub.attach(as_store);
+        store.hub.attach(&store);
         let sleeper: Weak<PgStore> = Arc::downgrade(&store);
         store.clock.register(sleeper);
         // The fetcher is joined at shutdown. The maintenance thread is not: it outlives the
