@@ -5,12 +5,15 @@
 //! # Invariants
 //!
 //! 1. Every accepted task has exactly one record, from submit until retention drops it (only
-//!    terminal records are dropped; a dead letter's only once it stops being one). A record
-//!    changes state only through the methods here. Records are keyed by their task's sequence
-//!    number; a [`TaskId`] of another pool never reaches them.
+//!    terminal records are dropped; a dead letter's only once it stops being one), except a
+//!    dormant task: a plain task scheduled for later that nothing has asked about, which has a
+//!    [`Dormant`] entry in `dormant` instead, and no record, until it falls due or is asked
+//!    about (by id, by a handle, as a dependency, by a shutdown). A record changes state only
+//!    through the methods here. Records are keyed by their task's sequence number; a
+//!    [`TaskId`] of another pool never reaches them.
 //! 2. A `Ready` task has exactly one live entry: in `ready` if its `gating` is `Free` or
 //!    `Released`, in the held queue of its gate if it is `Held` (see `gate.rs`). A `Scheduled`
-//!    task has exactly one in `delayed`. Entries of tasks in any other state are stale and
+//!    task, recorded or dormant, has exactly one in `delayed`. Entries of tasks in any other state are stale and
 //!    skipped when found.
 //! 3. A `Blocked` task's `pending_dependencies` counts its dependencies that have not succeeded
 //!    yet, is non-zero, and the task is listed in each such dependency's `dependents`. A
@@ -19,7 +22,8 @@
 //!    `expect`.
 //! 4. A `Running` task's payload is held by exactly one worker's [`Claim`], and its token is in
 //!    `tokens` (no other task's is); every other non-terminal record holds its payload.
-//! 5. `counts` equals the number of records in each non-terminal state.
+//! 5. `counts` equals the number of records in each non-terminal state (dormant tasks count as
+//!    scheduled).
 //! 6. A record reaches a terminal state at most once; in that same step its outcome is published
 //!    (exactly once: to its completion, or into the record until a handle reads it), its
 //!    dependents are released or cancelled, and its id is appended to `finished` (retention
@@ -50,7 +54,8 @@
 //! 14. A breaker's `probe_out` is set only while it is half-open, and every change of a
 //!     breaker's state is emitted as an `Event::Breaker` in the step that makes it.
 //! 15. The outcome of a task whose unread handle lives (see `hub.rs`) is kept: in its record
-//!     (`unread_handle`), or, once retention forgot the record, in `orphans`, published. No
+//!     (`unread_handle`, a dormant task's too), or, once retention forgot the record, in
+//!     `orphans`, published. No
 //!     task has both a record and an orphan. `early_drops` names only tasks still in the
 //!     intake.
 //!
@@ -66,7 +71,7 @@ use super::Seq;
 use super::gate::{Gate, Gates, Wakes, ready_since};
 use super::intake::Entry;
 use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
-use super::record::{Effects, Gating, Outcome, Record};
+use super::record::{Dormant, Effects, Gating, Outcome, Record};
 use crate::aging::Aging;
 use crate::breaker::Verdict;
 use crate::cancel::CancelToken;
@@ -176,6 +181,9 @@ pub(crate) struct NewTask {
 /// Everything the pool's lock guards.
 pub(crate) struct State {
     records: IdMap<Record>,
+    /// Plain tasks scheduled for later that nothing has asked about (invariant 1): a delayed
+    /// task costs a third of a record until it falls due.
+    dormant: IdMap<Dormant>,
     /// The tokens of running tasks (invariant 4), out of the records to keep those small.
     tokens: IdMap<CancelToken>,
     epoch: Epoch,
@@ -255,6 +263,7 @@ impl State {
             aging: registry.aging,
             gated: registry.has_gates() || registry.aging.is_some(),
             records: IdMap::default(),
+            dormant: IdMap::default(),
             tokens: IdMap::default(),
             epoch: Epoch(epoch),
             ready: ReadyQueue::new(),
@@ -347,6 +356,22 @@ impl State {
         self.records.get(&seq).map(|record| (seq, record))
     }
 
+    /// Gives dormant task `seq` its record (invariant 1): something asks about it. Any other
+    /// task is left as it is.
+    fn rouse(&mut self, seq: Seq) {
+        if !self.dormant.is_empty() {
+            if let Some(dormant) = self.dormant.remove(&seq) {
+                self.records.insert(seq, dormant.into_record());
+            }
+        }
+    }
+
+    /// Gives every dormant task its record, for what reads or ends them all.
+    fn rouse_all(&mut self) {
+        self.records
+            .extend(self.dormant.drain().map(|(seq, d)| (seq, d.into_record())));
+    }
+
     /// A new task's sequence number (they only grow: a dependent's is above its dependencies').
     fn new_seq(&self) -> Seq {
         debug_assert!(!self.closed, "a closed pool takes no task");
@@ -379,8 +404,9 @@ impl State {
 
     /// The dependencies still to wait for, by sequence number: one the pool forgot is satisfied
     /// if its handle saw it succeed. `Err` names the first that is foreign or unknown.
+    /// A dormant dependency gets its record: its dependents are listed there.
     pub(crate) fn resolve_dependencies(
-        &self,
+        &mut self,
         dependencies: &[Dependency],
     ) -> Result<Vec<Seq>, TaskId> {
         if dependencies.is_empty() {
@@ -388,6 +414,9 @@ impl State {
         }
         let mut seqs = Vec::with_capacity(dependencies.len());
         for dependency in dependencies {
+            if let Some(seq) = self.local(dependency.id) {
+                self.rouse(seq);
+            }
             match self.record(dependency.id) {
                 Some((seq, _)) => seqs.push(seq),
                 None if dependency.succeeded() && self.local(dependency.id).is_some() => {}
@@ -422,6 +451,21 @@ impl State {
         } = entry;
         self.totals.submitted += 1;
         let dropped = !self.early_drops.is_empty() && self.early_drops.remove(&seq).is_some();
+        if !due && !self.stopping && run_at > self.stamp(now) {
+            // Scheduled, and nothing can have asked about it yet: dormant (invariant 1).
+            let dormant = Dormant {
+                run_at,
+                payload,
+                type_index,
+                priority,
+                unread_handle: !dropped,
+            };
+            self.dormant.insert(seq, dormant);
+            self.counts.enter(TaskState::Scheduled);
+            // Keeps invariant 2.
+            effects.new_earliest |= self.delayed.push(run_at, seq);
+            return;
+        }
         let record = Record {
             state: TaskState::Blocked,
             type_index,
@@ -573,6 +617,7 @@ impl State {
         let stamp = self.stamp(now);
         let mut promoted = 0;
         while let Some(id) = self.delayed.pop_due(stamp) {
+            self.rouse(id);
             let Some(record) = self.records.get_mut(&id) else {
                 continue;
             };
@@ -601,11 +646,12 @@ impl State {
     /// The earliest due time of a scheduled task, or of a gate that needs the timer (after
     /// `promote_due(now)`, later than `now`).
     pub(crate) fn earliest_due(&mut self, now: Instant) -> Option<Instant> {
-        let records = &self.records;
+        let (records, dormant) = (&self.records, &self.dormant);
         let due = self.delayed.earliest(|id| {
             records
                 .get(&id)
                 .is_some_and(|r| r.state == TaskState::Scheduled)
+                || dormant.contains_key(&id)
         });
         match self.gates.earliest(now) {
             Some(gate) => Some(due.map_or(gate, |due| due.min(gate))),
@@ -1015,6 +1061,7 @@ impl State {
         effects: &mut Effects,
     ) -> Result<CancelOutcome, CancelError> {
         let seq = self.local(id).ok_or(CancelError::UnknownTask(id))?;
+        self.rouse(seq);
         let record = self
             .records
             .get_mut(&seq)
@@ -1044,6 +1091,7 @@ impl State {
     pub(crate) fn stop(&mut self, now: Instant, effects: &mut Effects) -> Vec<(TaskId, u32)> {
         self.closed = true;
         self.stopping = true;
+        self.rouse_all();
         let mut waiting: Vec<Seq> = Vec::new();
         let mut running = Vec::new();
         for (&seq, record) in &mut self.records {
@@ -1319,6 +1367,8 @@ impl State {
     pub(crate) fn handle_dropped(&mut self, seq: Seq, effects: &mut Effects) {
         if let Some(record) = self.records.get_mut(&seq) {
             record.unread_handle = false;
+        } else if let Some(dormant) = self.dormant.get_mut(&seq) {
+            dormant.unread_handle = false;
         } else if let Some(completion) = self.orphans.remove(&seq) {
             effects.drop_completion_later(completion);
         } else {
@@ -1357,6 +1407,7 @@ impl State {
     /// A task's type index and completion, to make a handle for it.
     pub(crate) fn completion_of(&mut self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
         let seq = self.local(id)?;
+        self.rouse(seq);
         let record = self.records.get_mut(&seq)?;
         Some((record.type_index, record.outcome.shared()))
     }
@@ -1365,6 +1416,7 @@ impl State {
     /// or from the orphans once the record is forgotten (invariant 15).
     pub(crate) fn completion_for(&mut self, id: TaskId) -> Option<Arc<Completion>> {
         let seq = self.local(id)?;
+        self.rouse(seq);
         match self.records.get_mut(&seq) {
             Some(record) => {
                 record.unread_handle = false;
@@ -1383,6 +1435,7 @@ impl State {
     /// For the store's `Drop`: the outcomes kept for unread handles, each published (a task
     /// that never ended is cancelled by the shutdown, as the pool was dropped).
     pub(crate) fn take_kept(&mut self) -> HashMap<Seq, Arc<Completion>> {
+        self.rouse_all();
         let mut kept: HashMap<Seq, Arc<Completion>> = self.orphans.drain().collect();
         for (&seq, record) in &mut self.records {
             if record.unread_handle {
@@ -1397,11 +1450,31 @@ impl State {
     }
 
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
-        self.record(id).map(|(_, r)| r.state)
+        match self.record(id) {
+            Some((_, record)) => Some(record.state),
+            None => self.dormant(id).map(|_| TaskState::Scheduled),
+        }
+    }
+
+    /// The dormant task `id`, if it is one.
+    fn dormant(&self, id: TaskId) -> Option<&Dormant> {
+        self.dormant.get(&self.local(id)?)
     }
 
     pub(crate) fn info(&self, id: TaskId, registry: &Registry) -> Option<TaskInfo> {
-        let (_, record) = self.record(id)?;
+        let Some((_, record)) = self.record(id) else {
+            let dormant = self.dormant(id)?;
+            return Some(TaskInfo {
+                id,
+                task_type: registry.entry(dormant.type_index).name,
+                state: TaskState::Scheduled,
+                priority: dormant.priority,
+                attempts: 0,
+                run_at: Some(self.epoch.instant(dormant.run_at)),
+                last_error: None,
+                resubmitted_as: None,
+            });
+        };
         let extra = record.extra.as_deref();
         Some(TaskInfo {
             id,
@@ -1493,6 +1566,7 @@ impl State {
     /// Takes every record out, for [`MemoryStore`](super::MemoryStore)'s `Drop` to drop quietly.
     pub(crate) fn take_records(&mut self) -> Vec<Record> {
         self.tokens.clear();
+        self.rouse_all();
         self.records.drain().map(|(_, record)| record).collect()
     }
 
@@ -1592,6 +1666,18 @@ impl State {
                         "key `{key}` names {}, which does not hold it",
                         self.id(*seq)
                     ),
+                );
+            }
+        }
+        for seq in self.dormant.keys() {
+            counts.enter(TaskState::Scheduled);
+            if self.records.contains_key(seq)
+                || self.orphans.contains_key(seq)
+                || self.early_drops.contains_key(seq)
+            {
+                return fail(
+                    1,
+                    format!("dormant {} has a record or is not taken in", self.id(*seq)),
                 );
             }
         }
