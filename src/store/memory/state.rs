@@ -236,6 +236,9 @@ pub(crate) struct State {
     pub(crate) timer_sleeping: bool,
     /// Whether that worker was notified and is not yet running again.
     pub(crate) timer_notified: bool,
+    /// Whether one idle worker waits on `work_cv` until the earliest due time too (the standby
+    /// timer, see `mod.rs`).
+    pub(crate) standby: bool,
     /// Worker threads that have not exited.
     pub(crate) live_workers: usize,
     /// Handlers blocked in `Pool::shutdown` of their own pool: their tasks cannot finish while
@@ -284,6 +287,7 @@ impl State {
             notified: 0,
             timer_sleeping: false,
             timer_notified: false,
+            standby: false,
             live_workers: workers,
             handlers_in_shutdown: 0,
         }
