@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::completion::{Completion, Finished};
 use crate::error::{CancelError, TaskError};
 use crate::hub::Hub;
+use crate::store::Store;
 use crate::sync::{Arc, Mutex};
 use crate::task::{CancelOutcome, CancelReason, Dependency, Failure, TaskId, TaskState};
 use crate::worker;
@@ -194,14 +195,19 @@ impl<O> TaskHandle<O> {
 
     /// The completion, asked of the store (or, once it is gone, of the hub) the first time.
     fn completion(&self) -> Arc<Completion> {
-        // Taken before this handle's lock and released after it: the last reference to the
-        // store may be this one, and the store's `Drop` drops user values.
-        let store = self.hub.store();
+        self.completion_in(self.hub.store().as_ref())
+    }
+
+    /// [`completion`](Self::completion), with the store as the hub gave it (`None` once it is
+    /// gone). The caller holds that reference until after this returns: the last reference to
+    /// the store may be it, and the store's `Drop` drops user values, never under this handle's
+    /// lock.
+    fn completion_in(&self, store: Option<&Arc<dyn Store>>) -> Arc<Completion> {
         let mut slot = self.completion.lock();
         if let Some(completion) = slot.as_ref() {
             return Arc::clone(completion);
         }
-        let completion = match &store {
+        let completion = match store {
             Some(store) => store.completion_for(self.id),
             None => self.hub.take_sealed(self.id.seq()),
         }
@@ -211,8 +217,6 @@ impl<O> TaskHandle<O> {
             Completion::ended(Finished::Cancelled(CancelReason::Shutdown))
         });
         *slot = Some(Arc::clone(&completion));
-        drop(slot);
-        drop(store);
         completion
     }
 
@@ -235,11 +239,10 @@ impl<O> TaskHandle<O> {
     /// Tells the store that someone waits for this task's outcome, unless it is known already:
     /// a store whose tasks may end in another process then makes sure to hear of it.
     fn watch(&self) -> Arc<Completion> {
-        let completion = self.completion();
-        if !completion.is_published() {
-            if let Some(store) = self.hub.store() {
-                store.watch(self.id, &completion);
-            }
+        let store = self.hub.store();
+        let completion = self.completion_in(store.as_ref());
+        if let Some(store) = store.filter(|_| !completion.is_published()) {
+            store.watch(self.id, &completion);
         }
         completion
     }

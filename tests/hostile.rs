@@ -382,6 +382,30 @@ fn assert_reentered_alive(reports: &Receiver<Reentered>, what: &str) {
     assert_eq!(seen.submitted, Ok(()), "{seen:?}");
 }
 
+/// With four terminal records whose user values panic when dropped, all older than the
+/// retention age of 1 s on `clock`: moves the clock past that age, and checks that the task whose
+/// ending makes retention drop them runs, and the next one too (the worker is then past those
+/// drops, and past counting a panic had one escaped), that only those two records are left, and
+/// that the worker lives.
+#[track_caller]
+fn assert_retention_dropped_quietly(pool: &Pool, clock: &ManualClock) {
+    clock.advance(Duration::from_secs(2));
+    let last = pool.submit(JOB.task(5)).unwrap();
+    assert_eq!(
+        outcome(&last, "the task that ends retention's wait").succeeded(),
+        Some(5)
+    );
+    let after = pool.submit(JOB.task(6)).unwrap();
+    assert_eq!(outcome(&after, "the next task").succeeded(), Some(6));
+    assert_eq!(pool.stats().totals.worker_panics, 0);
+    assert_eq!(
+        pool.stats().retained,
+        2,
+        "the four old records were dropped"
+    );
+    assert_workers_alive(pool, 1, "after retention");
+}
+
 /// Calls back into the pool when dropped. It serves as a payload and as an output.
 #[derive(Debug)]
 struct ReentersOnDrop(Callback);
@@ -1393,23 +1417,7 @@ fn retention_dropping_many_panicking_outputs_at_once_costs_nothing() {
             }
             pool.wait_idle();
             assert_eq!(pool.stats().retained, 4);
-            clock.advance(Duration::from_secs(2));
-            let last = pool.submit(JOB.task(5)).unwrap();
-            assert_eq!(
-                outcome(&last, "the task after the outputs").succeeded(),
-                Some(5)
-            );
-            // The worker drops what retention pushed out after it ended `last`: one more task
-            // makes sure it is past that, and past counting a panic if one escaped.
-            let after = pool.submit(JOB.task(6)).unwrap();
-            assert_eq!(outcome(&after, "the next task").succeeded(), Some(6));
-            assert_eq!(pool.stats().totals.worker_panics, 0);
-            assert_eq!(
-                pool.stats().retained,
-                2,
-                "the four old records were dropped"
-            );
-            assert_workers_alive(&pool, 1, "after retention");
+            assert_retention_dropped_quietly(&pool, &clock);
         },
     );
 }
@@ -1441,23 +1449,7 @@ fn retention_dropping_many_failed_records_whose_errors_panic_on_drop() {
             pool.wait_idle();
             assert_eq!(pool.stats().retained, 4);
             assert!(pool.dead_letters().is_empty(), "the limit is zero");
-            clock.advance(Duration::from_secs(2));
-            let last = pool.submit(JOB.task(5)).unwrap();
-            assert_eq!(
-                outcome(&last, "the task after the failures").succeeded(),
-                Some(5)
-            );
-            // The worker drops what retention pushed out after it ended `last`: one more task
-            // makes sure it is past that, and past counting a panic if one escaped.
-            let after = pool.submit(JOB.task(6)).unwrap();
-            assert_eq!(outcome(&after, "the next task").succeeded(), Some(6));
-            assert_eq!(pool.stats().totals.worker_panics, 0);
-            assert_eq!(
-                pool.stats().retained,
-                2,
-                "the four failed records were dropped"
-            );
-            assert_workers_alive(&pool, 1, "after retention");
+            assert_retention_dropped_quietly(&pool, &clock);
         },
     );
 }
