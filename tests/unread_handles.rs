@@ -133,11 +133,13 @@ fn unread_handles_read_their_outcomes_after_the_pool_is_dropped() {
     );
 }
 
-/// A handler submits a task and drops its handle at once: the worker takes that drop in as it
-/// finishes the handler's task, before it takes the new task in (the drop arrives before its
-/// task). The task still runs, and its output is dropped when retention forgets it.
+/// A handler submits a task and drops its handle at once: the worker takes both in as it
+/// finishes the handler's task (the task first, then the drop: the state unit test
+/// `a_drop_taken_in_before_its_task_keeps_nothing_for_it` covers the other order, which a race
+/// with another producer can give). The task still runs, and its output is dropped when
+/// retention forgets it.
 #[test]
-fn a_handle_dropped_before_its_task_is_taken_in_keeps_nothing() {
+fn a_handle_dropped_by_the_handler_that_submitted_it_keeps_nothing() {
     static DROPS: AtomicUsize = AtomicUsize::new(0);
     const SPAWN: TaskType<(), ()> = TaskType::new("spawn");
     let pool = Pool::builder()

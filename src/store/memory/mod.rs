@@ -686,7 +686,6 @@ impl Store for MemoryStore {
             // A few relaxed stores to the worker's own counters, before the outcome is public.
             run.count(now);
             state.complete(claim, outcome, now, &mut effects);
-            self.take_dropped(&mut state, &mut effects);
             // The record and the claim have dropped their clones of the token: if the handler
             // kept none either, the next task can have it.
             let mut spare = token.reusable().then_some(token);
@@ -699,6 +698,12 @@ impl Store for MemoryStore {
                 // take() already woke sleepers for every task still ready.
                 effects.newly_ready = 0;
             }
+            // After take() moved the intake in: a handle is dropped after its task was
+            // pushed, so its drop almost always finds the task's record, a flag to clear. Taken
+            // first, a drop would find its task still in the intake and wait in `early_drops`
+            // until the task came in: after a worker was held up, a second map as large as
+            // the intake (every fire-and-forget submit's drop).
+            self.take_dropped(&mut state, &mut effects);
             self.notify(&mut state, &effects);
             next
         };

@@ -1967,6 +1967,45 @@ mod tests {
         (store, events, log)
     }
 
+    /// The drop of a task's unread handle, taken in before the task itself (the task reached
+    /// the intake just after a worker moved it in, its handle's drop just before that worker
+    /// took the drops in): kept in `early_drops` until the task comes in, which then keeps
+    /// nothing for the handle. A drop taken in after its task clears the record's flag; the
+    /// task whose handle lives keeps its outcome for it.
+    #[test]
+    fn a_drop_taken_in_before_its_task_keeps_nothing_for_it() {
+        let (store, _events, _log) = gated_store(&[(None, None, None)], &[], None);
+        let now = Instant::now();
+        let mut effects = Effects::default();
+        let mut state = store.lock();
+        let entry = |seq| super::super::intake::Entry {
+            seq,
+            run_at: 0,
+            due: true,
+            payload: Box::new(()),
+            type_index: 0,
+            priority: 0,
+        };
+        state.handle_dropped(1, &mut effects);
+        assert!(
+            state.early_drops.contains_key(&1),
+            "task 1 is still in the intake"
+        );
+        for seq in 1..=3 {
+            state.admit(entry(seq), now, &mut effects);
+        }
+        assert!(state.early_drops.is_empty(), "task 1 came in");
+        state.handle_dropped(2, &mut effects);
+        for _ in 1..=3 {
+            let claim = claim(&mut state, now).expect("three tasks are ready");
+            succeed(&mut state, claim, now).apply();
+        }
+        let unread = |seq| state.records[&seq].unread_handle;
+        assert_eq!((unread(1), unread(2), unread(3)), (false, false, true));
+        drop(state);
+        assert_eq!(store.check_invariants(), Ok(()));
+    }
+
     fn gated_task(type_index: u32, priority: u8, run_at: Instant) -> NewTask {
         NewTask {
             type_index,
