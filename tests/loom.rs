@@ -572,3 +572,72 @@ fn an_unread_handle_dropped_while_its_task_runs() {
         );
     });
 }
+
+/// Set by a handler, awaited by the model's threads: a wait that never goes through the pool.
+#[derive(Default)]
+struct Signal {
+    count: loom::sync::Mutex<usize>,
+    changed: loom::sync::Condvar,
+}
+
+impl Signal {
+    fn add(&self) {
+        *self.count.lock().unwrap() += 1;
+        self.changed.notify_all();
+    }
+
+    fn wait_for(&self, n: usize) {
+        let mut count = self.count.lock().unwrap();
+        while *count < n {
+            count = self.changed.wait(count).unwrap();
+        }
+    }
+}
+
+const SIGNAL: TaskType<Arc<Signal>, ()> = TaskType::new("signal");
+
+fn signal_pool() -> Pool {
+    Pool::builder()
+        .workers(1)
+        .register(SIGNAL, |_, signal: &Arc<Signal>| {
+            signal.add();
+            Ok::<_, HandlerError>(())
+        })
+        .build()
+        .expect("pool builds")
+}
+
+/// 19. A fire-and-forget submit racing the one worker going to sleep, awaited without the pool
+/// (a handle's first read moves the intake in and wakes a worker itself, so the models above
+/// would pass even if the submit never woke anyone): the submit's own announcement must wake
+/// the worker, or the worker must see it pending before it sleeps. Fails when `try_sleep`
+/// ignores a pending entry, or when a submit never wakes a sleeper.
+#[test]
+fn a_fire_and_forget_submit_wakes_the_worker_by_itself() {
+    model(|| {
+        let pool = signal_pool();
+        let signal = Arc::new(Signal::default());
+        drop(pool.submit(SIGNAL.task(Arc::clone(&signal))).unwrap());
+        signal.wait_for(1);
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
+/// 20. Two fire-and-forget submits from two threads racing the one worker going to sleep,
+/// awaited without the pool: one announcement wakes the worker, the other finds it on its way
+/// (a searcher) or awake, and both tasks run.
+#[test]
+fn two_fire_and_forget_submits_wake_the_worker_by_themselves() {
+    model(|| {
+        let pool = Arc::new(signal_pool());
+        let signal = Arc::new(Signal::default());
+        let other = {
+            let (pool, signal) = (Arc::clone(&pool), Arc::clone(&signal));
+            thread::spawn(move || drop(pool.submit(SIGNAL.task(signal)).unwrap()))
+        };
+        drop(pool.submit(SIGNAL.task(Arc::clone(&signal))).unwrap());
+        other.join().unwrap();
+        signal.wait_for(2);
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
