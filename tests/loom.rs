@@ -107,17 +107,19 @@ fn submit_races_shutdown() {
     });
 }
 
-/// 4. A cancel racing a worker taking the task: one terminal state, and a task cancelled before it
-/// started never runs.
+/// 4. A cancel by id racing a worker taking the task, the task perhaps still in the intake (the
+/// cancel is by id, not through a clone of the handle, whose making would move the intake in
+/// first): one terminal state, and a task cancelled before it started never runs.
 #[test]
 fn cancel_races_a_worker_taking_the_task() {
     model(|| {
         let runs = Arc::new(AtomicUsize::new(0));
         let (pool, _clock) = pool(1, &runs);
+        let pool = Arc::new(pool);
         let handle = pool.submit(JOB.task(5)).unwrap();
         let canceller = {
-            let handle = handle.clone();
-            thread::spawn(move || handle.cancel().unwrap())
+            let (pool, id) = (Arc::clone(&pool), handle.id());
+            thread::spawn(move || pool.cancel(id).unwrap())
         };
         let outcome = handle.wait();
         let cancel = canceller.join().unwrap();
