@@ -54,6 +54,27 @@ fn pool(workers: usize, runs: &Arc<AtomicUsize>) -> (Pool, ManualClock) {
     (pool, clock)
 }
 
+/// Set by a handler, awaited by the model's threads: a wait that never goes through the pool.
+#[derive(Default)]
+struct Signal {
+    count: loom::sync::Mutex<usize>,
+    changed: loom::sync::Condvar,
+}
+
+impl Signal {
+    fn add(&self) {
+        *self.count.lock().unwrap() += 1;
+        self.changed.notify_all();
+    }
+
+    fn wait_for(&self, n: usize) {
+        let mut count = self.count.lock().unwrap();
+        while *count < n {
+            count = self.changed.wait(count).unwrap();
+        }
+    }
+}
+
 /// 1. A submit racing a worker that is about to sleep: the task always runs.
 #[test]
 fn submit_races_a_worker_going_to_sleep() {
@@ -281,7 +302,7 @@ fn same_key_submitted_twice() {
 fn shutdown_deadline_while_a_handler_runs() {
     model(|| {
         const BLOCK: TaskType<(), bool> = TaskType::new("block");
-        let started = Arc::new((loom::sync::Mutex::new(false), loom::sync::Condvar::new()));
+        let started = Arc::new(Signal::default());
         let saw_token = Arc::new(AtomicBool::new(false));
         let (signal, saw) = (Arc::clone(&started), Arc::clone(&saw_token));
         let pool = Pool::builder()
@@ -289,8 +310,7 @@ fn shutdown_deadline_while_a_handler_runs() {
             .seed(1)
             .manual_clock(ManualClock::new())
             .register(BLOCK, move |ctx, _: &()| {
-                *signal.0.lock().unwrap() = true;
-                signal.1.notify_all();
+                signal.add();
                 ctx.token().wait();
                 saw.store(true, Ordering::SeqCst);
                 Ok::<_, HandlerError>(true)
@@ -298,12 +318,7 @@ fn shutdown_deadline_while_a_handler_runs() {
             .build()
             .unwrap();
         let handle = pool.submit(BLOCK.task(())).unwrap();
-        {
-            let mut running = started.0.lock().unwrap();
-            while !*running {
-                running = started.1.wait(running).unwrap();
-            }
-        }
+        started.wait_for(1);
         let report = pool.shutdown(Duration::ZERO);
         assert!(report.deadline_reached);
         assert!(saw_token.load(Ordering::SeqCst));
@@ -573,27 +588,6 @@ fn an_unread_handle_dropped_while_its_task_runs() {
             "the output is dropped once"
         );
     });
-}
-
-/// Set by a handler, awaited by the model's threads: a wait that never goes through the pool.
-#[derive(Default)]
-struct Signal {
-    count: loom::sync::Mutex<usize>,
-    changed: loom::sync::Condvar,
-}
-
-impl Signal {
-    fn add(&self) {
-        *self.count.lock().unwrap() += 1;
-        self.changed.notify_all();
-    }
-
-    fn wait_for(&self, n: usize) {
-        let mut count = self.count.lock().unwrap();
-        while *count < n {
-            count = self.changed.wait(count).unwrap();
-        }
-    }
 }
 
 const SIGNAL: TaskType<Arc<Signal>, ()> = TaskType::new("signal");
