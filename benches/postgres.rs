@@ -240,11 +240,8 @@ fn fill(control: &mut Client, type_name: &str, n: usize) -> Instant {
     )
     .expect("fill");
     tx.batch_execute("ANALYZE tasq_tasks").expect("analyze");
-    tx.execute(
-        "SELECT pg_notify('tasq_' || current_schema(), 'ready')",
-        &[],
-    )
-    .expect("notify");
+    tx.execute("SELECT pg_notify(tasq_channel(), 'ready')", &[])
+        .expect("notify");
     let committed = Instant::now();
     tx.commit().expect("commit the fill");
     committed

@@ -55,8 +55,15 @@ impl TypeOptions {
     /// let options = tasq::TypeOptions::new();
     /// # let _ = options;
     /// ```
-    pub fn new() -> Self {
-        TypeOptions::default()
+    pub const fn new() -> Self {
+        TypeOptions {
+            max_attempts: None,
+            retry: None,
+            timeout: None,
+            downstream: None,
+            concurrency: None,
+            rate: None,
+        }
     }
 
     /// How many times a task of this type may run (the first run included). Must be at least 1.
@@ -67,7 +74,7 @@ impl TypeOptions {
     /// let once = tasq::TypeOptions::new().max_attempts(1);
     /// # let _ = once;
     /// ```
-    pub fn max_attempts(mut self, attempts: u32) -> Self {
+    pub const fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts);
         self
     }
@@ -82,7 +89,7 @@ impl TypeOptions {
     ///     .retry_policy(tasq::RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(50)));
     /// # let _ = fast;
     /// ```
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+    pub const fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.retry = Some(policy);
         self
     }
@@ -119,7 +126,7 @@ impl TypeOptions {
     /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub const fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
     }
@@ -135,7 +142,7 @@ impl TypeOptions {
     /// let options = tasq::TypeOptions::new().downstream("payments");
     /// # let _ = options;
     /// ```
-    pub fn downstream(mut self, name: &'static str) -> Self {
+    pub const fn downstream(mut self, name: &'static str) -> Self {
         self.downstream = Some(name);
         self
     }
@@ -150,7 +157,7 @@ impl TypeOptions {
     /// let options = tasq::TypeOptions::new().concurrency_limit(2);
     /// # let _ = options;
     /// ```
-    pub fn concurrency_limit(mut self, tasks: u32) -> Self {
+    pub const fn concurrency_limit(mut self, tasks: u32) -> Self {
         self.concurrency = Some(tasks);
         self
     }
@@ -165,7 +172,7 @@ impl TypeOptions {
     /// let options = tasq::TypeOptions::new().rate_limit(tasq::RateLimit::per_second(50.0));
     /// # let _ = options;
     /// ```
-    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+    pub const fn rate_limit(mut self, limit: RateLimit) -> Self {
         self.rate = Some(limit);
         self
     }
@@ -496,6 +503,45 @@ impl Builder<crate::postgres::Postgres> {
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
         let mut entry = Entry::new(ty, handler);
+        entry.codec = Some(crate::codec::Codec::of::<P, O>());
+        self.push(entry, options);
+        self
+    }
+
+    /// Declares durable task type `ty` with its options, without a handler: this pool may submit
+    /// its tasks (a producer, a web process, an ops tool) and never runs them. A task's settings
+    /// (attempts, retry policy, timeout) are fixed by the pool that submits it, from the type as
+    /// that pool declares or registers it, and every worker process obeys them: declare a type
+    /// with the same options its workers register it with (one shared `TypeOptions` constant is
+    /// the simplest way), or give a task its own with [`Task::max_attempts`](crate::Task::max_attempts)
+    /// and its siblings. [`TaskInfo`](crate::TaskInfo) shows the settings a task got.
+    ///
+    /// Declaring a name that is also registered makes [`build`](Builder::build) fail with
+    /// [`BuildError::DuplicateType`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{Pool, TaskType, TypeOptions};
+    ///
+    /// const EMAIL: TaskType<String, ()> = TaskType::new("email");
+    /// // Shared by the producer and the workers: one truth for the type's settings.
+    /// const EMAIL_OPTIONS: TypeOptions = TypeOptions::new().max_attempts(8);
+    /// let producer = Pool::builder()
+    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
+    ///     .workers(0)
+    ///     .declare(EMAIL, EMAIL_OPTIONS)
+    ///     .build()?;
+    /// let handle = producer.submit(EMAIL.task("ann@example.com".into()))?;
+    /// assert_eq!(producer.info(handle.id()).unwrap().max_attempts, 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn declare<P, O>(mut self, ty: TaskType<P, O>, options: TypeOptions) -> Self
+    where
+        P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        let mut entry = Entry::declared(ty);
         entry.codec = Some(crate::codec::Codec::of::<P, O>());
         self.push(entry, options);
         self

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, Wake};
-use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, Weak};
+use crate::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering, Weak};
 
 /// A cooperative cancellation token: set when the task is cancelled or the pool's shutdown
 /// deadline passes.
@@ -47,8 +47,9 @@ pub struct CancelToken {
 }
 
 struct TokenInner {
-    /// Set once, never cleared. Read without the lock on the fast path.
-    cancelled: AtomicBool,
+    /// 0 until the token fires, then its [`Interrupt`] (`as usize + 1`): set once by the first
+    /// to fire it, never cleared. Read without the lock on the fast path.
+    fired: AtomicUsize,
     /// Guards sleeping: `cancel` and a manual clock's advance take it before notifying.
     lock: Mutex<bool>,
     cv: Condvar,
@@ -86,11 +87,60 @@ struct TokenInner {
 #[error("the task was cancelled")]
 pub struct Cancelled;
 
+/// Why a running task's [`CancelToken`] fired: [`CancelToken::interrupt`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tasq::{HandlerError, Interrupt, Pool, TaskType, TypeOptions};
+///
+/// const SLOW: TaskType<(), Option<Interrupt>> = TaskType::new("slow");
+/// let pool = Pool::builder()
+///     .workers(1)
+///     .register_with(SLOW, TypeOptions::new().timeout(Duration::from_millis(5)), |ctx, _: &()| {
+///         ctx.token().wait();
+///         // Returned past the timeout: retried, then a dead letter, whatever this says.
+///         Ok::<_, HandlerError>(ctx.token().interrupt())
+///     })
+///     .build()?;
+/// assert!(pool.submit(SLOW.task(()))?.wait().is_failed());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Interrupt {
+    /// The task was cancelled ([`Pool::cancel`](crate::Pool::cancel), a handle's cancel, or a
+    /// cancel in another process of a durable pool): it ends cancelled whatever the handler
+    /// returns.
+    Cancelled,
+    /// The run outlived its timeout ([`TypeOptions::timeout`](crate::TypeOptions::timeout)): it
+    /// counts as a retryable failure whatever the handler returns.
+    TimedOut,
+    /// The pool's shutdown deadline passed (or the pool was dropped). On the embedded store the
+    /// task ends cancelled; on the durable store, unless the handler succeeded, it goes back to
+    /// the queue for another process with the attempt not counted.
+    Shutdown,
+    /// The durable store's lease of the run was lost (the process stalled past it, or the
+    /// database was away): another worker may already run the task, and nothing this run
+    /// writes will count.
+    LeaseLost,
+}
+
+impl Interrupt {
+    const ALL: [Interrupt; 4] = [
+        Interrupt::Cancelled,
+        Interrupt::TimedOut,
+        Interrupt::Shutdown,
+        Interrupt::LeaseLost,
+    ];
+}
+
 impl CancelToken {
     pub(crate) fn new(clock: Clock) -> Self {
         CancelToken {
             inner: Arc::new(TokenInner {
-                cancelled: AtomicBool::new(false),
+                fired: AtomicUsize::new(0),
                 lock: Mutex::new(false),
                 cv: Condvar::new(),
                 clock,
@@ -98,11 +148,48 @@ impl CancelToken {
         }
     }
 
-    /// Fires the token and wakes every thread sleeping on it. Firing twice is harmless.
-    pub(crate) fn cancel(&self) {
-        self.inner.cancelled.store(true, Ordering::Release);
+    /// Fires the token for `why` and wakes every thread sleeping on it. Firing twice is
+    /// harmless: the first reason stays.
+    pub(crate) fn fire(&self, why: Interrupt) {
+        let code = why as usize + 1;
+        let _ = self
+            .inner
+            .fired
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
         let _guard = self.inner.lock.lock();
         self.inner.cv.notify_all();
+    }
+
+    /// Why the token fired, or `None` while it has not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Interrupt, Pool, TaskType};
+    ///
+    /// const BLOCK: TaskType<(), ()> = TaskType::new("block");
+    /// let (tell, told) = std::sync::mpsc::channel();
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(BLOCK, move |ctx, _: &()| {
+    ///         ctx.token().wait();
+    ///         tell.send(ctx.token().interrupt()).unwrap();
+    ///         Ok::<_, HandlerError>(())
+    ///     })
+    ///     .build()?;
+    /// let handle = pool.submit(BLOCK.task(()))?;
+    /// while handle.status() != tasq::TaskState::Running {
+    ///     std::thread::yield_now();
+    /// }
+    /// pool.shutdown(std::time::Duration::ZERO);
+    /// assert_eq!(told.recv()?, Some(Interrupt::Shutdown));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn interrupt(&self) -> Option<Interrupt> {
+        match self.inner.fired.load(Ordering::Acquire) {
+            0 => None,
+            code => Interrupt::ALL.get(code - 1).copied(),
+        }
     }
 
     /// Whether this is the only handle to the token and it has not fired: it can serve another
@@ -127,7 +214,7 @@ impl CancelToken {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancelled.load(Ordering::Acquire)
+        self.inner.fired.load(Ordering::Acquire) != 0
     }
 
     /// Sleeps for `duration` on the pool's clock, returning early with `Err(Cancelled)` if the token
@@ -241,7 +328,7 @@ impl Wake for TokenInner {
 impl fmt::Debug for CancelToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CancelToken")
-            .field("cancelled", &self.is_cancelled())
+            .field("interrupt", &self.interrupt())
             .finish()
     }
 }

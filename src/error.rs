@@ -178,6 +178,15 @@ pub enum SubmitErrorKind {
     /// Only a durable pool can do this (submit inside a database transaction).
     #[error("only a pool on the durable store can submit inside a transaction")]
     NotDurable,
+    /// A setting of the task's own makes no sense: zero attempts, a zero timeout, or a
+    /// duration too long to add to the current time.
+    #[error("the task's {setting} {problem}")]
+    InvalidSetting {
+        /// Which setting: "max_attempts", "timeout" or "retry cap".
+        setting: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
 }
 
 /// Why a cancel could not be carried out.

@@ -100,7 +100,7 @@ pub mod postgres {
     #[doc(hidden)]
     pub use crate::store::postgres::testing;
 }
-pub use cancel::{CancelToken, Cancelled};
+pub use cancel::{CancelToken, Cancelled, Interrupt};
 pub use clock::ManualClock;
 pub use context::Context;
 pub use dead_letter::DeadLetter;

@@ -42,6 +42,9 @@ pub(crate) struct Monitor {
     state: Mutex<State>,
     cv: Condvar,
     thread: Mutex<Option<JoinHandle>>,
+    /// A monitor with no work when the pool started (no type with a timeout, no alert): what
+    /// its thread needs, to start it when a task with a timeout of its own first runs.
+    idle: Mutex<Option<(Weak<dyn Store>, String)>>,
 }
 
 /// The timed runs, under the monitor's lock.
@@ -93,6 +96,7 @@ impl Monitor {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             thread: Mutex::new(None),
+            idle: Mutex::new(None),
         });
         let sleeper: Weak<Monitor> = Arc::downgrade(&monitor);
         monitor.clock.register(sleeper);
@@ -108,8 +112,29 @@ impl Monitor {
         thread_name: &str,
     ) -> std::io::Result<()> {
         if !timed && alerts.is_empty() {
+            *self.idle.lock() = Some((store, thread_name.to_owned()));
             return Ok(());
         }
+        self.spawn(store, alerts, thread_name)
+    }
+
+    /// Starts the thread of a monitor that had no work when the pool started: a task with a
+    /// timeout of its own runs. If the thread cannot be started, a run past its timeout still
+    /// counts as timed out when it returns (see [`end`](Monitor::end)); only its token does not
+    /// fire.
+    fn wake_idle(self: &Arc<Self>) {
+        let Some((store, name)) = self.idle.lock().take() else {
+            return;
+        };
+        let _ = self.spawn(store, Vec::new(), &name);
+    }
+
+    fn spawn(
+        self: &Arc<Self>,
+        store: Weak<dyn Store>,
+        alerts: Vec<Alert>,
+        thread_name: &str,
+    ) -> std::io::Result<()> {
         let monitor = Arc::clone(self);
         let alerts = Alerts::new(alerts);
         // The first check is an interval after the build, on the building thread's reading of
@@ -128,13 +153,16 @@ impl Monitor {
 
     /// A run of a type with a timeout begins: its token fires `timeout` from now.
     pub(crate) fn begin(
-        &self,
+        self: &Arc<Self>,
         id: TaskId,
         task_type: &'static str,
         attempt: u32,
         token: &CancelToken,
         timeout: Duration,
     ) -> RunKey {
+        if self.thread.lock().is_none() {
+            self.wake_idle();
+        }
         let started = self.clock.now();
         let at = started.checked_add(timeout).unwrap_or(started);
         let mut state = self.state.lock();
@@ -282,7 +310,7 @@ impl State {
             };
             if !run.fired {
                 run.fired = true;
-                run.token.cancel();
+                run.token.fire(crate::cancel::Interrupt::TimedOut);
                 fired.push((run.id, run.timeout));
                 let grace_end = run
                     .started

@@ -21,12 +21,27 @@ pub(crate) type ErasedHandler = Box<
         + Sync,
 >;
 
+/// A task's own settings: fixed when it is submitted (from its type's declaration in the
+/// submitting pool, or the task's own [`Task`](crate::Task) setters), kept with the task, and
+/// obeyed by every path that runs or ends it, whichever pool or process that is: the claim,
+/// the handler's retry, its context, a timeout, the reaper, and a resubmit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Settings {
+    /// How many runs the task may start, the first included (at least 1).
+    pub(crate) max_attempts: u32,
+    pub(crate) retry: RetryPolicy,
+    /// Each run's token fires this long after it starts.
+    pub(crate) timeout: Option<Duration>,
+}
+
 /// One registered task type.
 pub(crate) struct Entry {
     pub(crate) name: &'static str,
     pub(crate) payload: TypeId,
     pub(crate) output: TypeId,
-    pub(crate) handler: ErasedHandler,
+    /// `None`: declared without a handler ([`Builder::declare`](crate::Builder::declare)): a
+    /// pool may submit its tasks, and never runs them.
+    pub(crate) handler: Option<ErasedHandler>,
     pub(crate) max_attempts: u32,
     pub(crate) retry: RetryPolicy,
     /// Each run's token fires this long after it starts (see `TypeOptions::timeout`).
@@ -43,6 +58,49 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// The settings a task of this type gets unless it sets its own.
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
+            max_attempts: self.max_attempts,
+            retry: self.retry,
+            timeout: self.timeout,
+        }
+    }
+
+    /// The settings of a task of this type submitted with `own`: its own where it has them, the
+    /// type's elsewhere; or why its own are refused.
+    pub(crate) fn settings_for(&self, own: &crate::task::Own) -> Result<Settings, SubmitErrorKind> {
+        let invalid = |setting, problem| SubmitErrorKind::InvalidSetting { setting, problem };
+        let too_long = "is too long to add to the current time";
+        let mut settings = self.settings();
+        if let Some(attempts) = own.max_attempts {
+            if attempts == 0 {
+                return Err(invalid("max_attempts", "is zero"));
+            }
+            settings.max_attempts = attempts;
+        }
+        if let Some(retry) = own.retry {
+            if std::time::Instant::now().checked_add(retry.cap()).is_none() {
+                return Err(invalid("retry cap", too_long));
+            }
+            settings.retry = retry;
+        }
+        if let Some(timeout) = own.timeout {
+            if timeout.is_zero() {
+                return Err(invalid("timeout", "is zero"));
+            }
+            // Twice: a stuck report comes later still.
+            if std::time::Instant::now()
+                .checked_add(timeout.saturating_mul(2))
+                .is_none()
+            {
+                return Err(invalid("timeout", too_long));
+            }
+            settings.timeout = Some(timeout);
+        }
+        Ok(settings)
+    }
+
     /// Whether a limit or a breaker may hold this type's tasks back.
     pub(crate) fn is_gated(&self) -> bool {
         self.concurrency.is_some() || self.rate.is_some() || self.downstream.is_some()
@@ -56,16 +114,23 @@ impl Entry {
         O: Send + Sync + 'static,
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
+        let mut entry = Entry::declared(ty);
+        entry.handler = Some(Box::new(move |ctx, payload| {
+            let payload = payload
+                .downcast_ref::<P>()
+                .expect("payload type checked at submit");
+            handler(ctx, payload).map(|output| Box::new(output) as _)
+        }));
+        entry
+    }
+
+    /// The entry of `ty` declared without a handler: its tasks may be submitted, not run here.
+    pub(crate) fn declared<P: 'static, O: 'static>(ty: TaskType<P, O>) -> Entry {
         Entry {
             name: ty.name(),
             payload: TypeId::of::<P>(),
             output: TypeId::of::<O>(),
-            handler: Box::new(move |ctx, payload| {
-                let payload = payload
-                    .downcast_ref::<P>()
-                    .expect("payload type checked at submit");
-                handler(ctx, payload).map(|output| Box::new(output) as _)
-            }),
+            handler: None,
             max_attempts: 0,
             retry: RetryPolicy::default(),
             timeout: None,

@@ -118,6 +118,14 @@ pub struct TaskInfo {
     pub priority: u8,
     /// Attempts started so far.
     pub attempts: u32,
+    /// How many attempts it may start: its own setting, fixed when it was submitted
+    /// ([`Task::max_attempts`](crate::Task::max_attempts), else its type's in the submitting
+    /// pool).
+    pub max_attempts: u32,
+    /// The backoff between its attempts, fixed when it was submitted, as `max_attempts`.
+    pub retry_policy: crate::RetryPolicy,
+    /// How long one run may take, fixed when it was submitted, as `max_attempts`.
+    pub timeout: Option<std::time::Duration>,
     /// When a scheduled (or blocked) task may run, on the pool's clock.
     pub run_at: Option<Instant>,
     /// The last error: of the failed attempt a retry waits on, or of a dead letter.

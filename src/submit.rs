@@ -48,8 +48,12 @@ where
     P: Send + 'static,
     O: Send + Sync + 'static,
 {
-    let type_index = match store.registry().type_index(task.ty) {
-        Ok(index) => index,
+    let resolved = store.registry().type_index(task.ty).and_then(|index| {
+        let settings = store.registry().entry(index).settings_for(&task.own)?;
+        Ok((index, settings))
+    });
+    let (type_index, settings) = match resolved {
+        Ok(resolved) => resolved,
         Err(kind) => return Err(SubmitError::new(kind, task)),
     };
     let Task {
@@ -59,6 +63,7 @@ where
         start,
         dependencies,
         key,
+        own,
     } = task;
     let mut payload = Some(payload);
     let submitted = store_call(Submission {
@@ -67,6 +72,7 @@ where
         start,
         dependencies: &dependencies,
         key: key.as_deref(),
+        settings,
         payload: &mut payload,
     });
     match submitted {
@@ -84,6 +90,7 @@ where
                 start,
                 dependencies,
                 key,
+                own,
             };
             Err(SubmitError::new(kind, task))
         }
@@ -118,8 +125,12 @@ where
     // The tasks share payload and output types, not always their type.
     let mut type_indexes = Vec::with_capacity(tasks.len());
     for (index, task) in tasks.iter().enumerate() {
-        match store.registry().type_index(task.ty) {
-            Ok(type_index) => type_indexes.push(type_index),
+        let resolved = store.registry().type_index(task.ty).and_then(|type_index| {
+            let settings = store.registry().entry(type_index).settings_for(&task.own)?;
+            Ok((type_index, settings))
+        });
+        match resolved {
+            Ok(resolved) => type_indexes.push(resolved),
             Err(kind) => return Err(SubmitError::new(kind, (index, tasks))),
         }
     }
@@ -133,22 +144,26 @@ where
             start,
             dependencies,
             key,
+            own,
         } = task;
         payloads.push(Some(payload));
-        rest.push((ty, priority, start, dependencies, key));
+        rest.push((ty, priority, start, dependencies, key, own));
     }
     let mut batch: Vec<Submission<'_>> = payloads
         .iter_mut()
         .zip(&rest)
         .zip(type_indexes)
         .map(
-            |((payload, (_, priority, start, dependencies, key)), type_index)| Submission {
-                type_index,
-                priority: *priority,
-                start: *start,
-                dependencies,
-                key: key.as_deref(),
-                payload,
+            |((payload, (_, priority, start, dependencies, key, _)), (type_index, settings))| {
+                Submission {
+                    type_index,
+                    priority: *priority,
+                    start: *start,
+                    dependencies,
+                    key: key.as_deref(),
+                    settings,
+                    payload,
+                }
             },
         )
         .collect();
@@ -162,7 +177,7 @@ where
                 .flatten()
                 .for_each(unwind::drop_quietly);
             rest.into_iter()
-                .flat_map(|(_, _, _, dependencies, _)| dependencies)
+                .flat_map(|(_, _, _, dependencies, _, _)| dependencies)
                 .for_each(unwind::drop_quietly);
             Ok(submitted
                 .into_iter()
@@ -173,14 +188,17 @@ where
             let tasks = payloads
                 .into_iter()
                 .zip(rest)
-                .map(|(payload, (ty, priority, start, dependencies, key))| Task {
-                    ty,
-                    payload: payload.expect("a refused batch keeps its payloads"),
-                    priority,
-                    start,
-                    dependencies,
-                    key,
-                })
+                .map(
+                    |(payload, (ty, priority, start, dependencies, key, own))| Task {
+                        ty,
+                        payload: payload.expect("a refused batch keeps its payloads"),
+                        priority,
+                        start,
+                        dependencies,
+                        key,
+                        own,
+                    },
+                )
                 .collect();
             Err(SubmitError::new(kind, (index, tasks)))
         }

@@ -234,6 +234,17 @@ pub struct Task<P, O> {
     pub(crate) start: Start,
     pub(crate) dependencies: Vec<Dependency>,
     pub(crate) key: Option<String>,
+    /// Settings of this task's own, in place of its type's.
+    pub(crate) own: Own,
+}
+
+/// The settings a task sets for itself ([`Task::max_attempts`], [`Task::retry_policy`],
+/// [`Task::timeout`]); `None` takes the type's, as the submitting pool declares it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Own {
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) retry: Option<crate::RetryPolicy>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl<P, O> Task<P, O> {
@@ -255,6 +266,7 @@ impl<P, O> Task<P, O> {
             start: Start::Now,
             dependencies: Vec::new(),
             key: None,
+            own: Own::default(),
         }
     }
 
@@ -366,6 +378,75 @@ impl<P, O> Task<P, O> {
         self
     }
 
+    /// How many times this task may run, the first run included, in place of its type's
+    /// [`TypeOptions::max_attempts`](crate::TypeOptions::max_attempts). Like every setting of a
+    /// task, it is fixed when the task is submitted and kept with it: on the durable store every
+    /// process that runs, retries or reaps the task obeys it, whatever that process registered.
+    /// Zero is refused at submit with
+    /// [`SubmitErrorKind::InvalidSetting`](crate::SubmitErrorKind::InvalidSetting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const FLAKY: TaskType<(), u32> = TaskType::new("flaky");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .retry_policy(tasq::RetryPolicy::exponential(std::time::Duration::ZERO, std::time::Duration::ZERO))
+    ///     .register(FLAKY, |ctx, _: &()| {
+    ///         if ctx.is_last_attempt() { Ok(ctx.attempt()) } else { Err(HandlerError::retryable("not yet")) }
+    ///     })
+    ///     .build()?;
+    /// let handle = pool.submit(FLAKY.task(()).max_attempts(5))?;
+    /// assert_eq!(handle.wait().succeeded(), Some(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.own.max_attempts = Some(attempts);
+        self
+    }
+
+    /// The backoff between this task's attempts, in place of its type's
+    /// [`TypeOptions::retry_policy`](crate::TypeOptions::retry_policy); fixed at submit and kept
+    /// with the task, as [`max_attempts`](Task::max_attempts). A cap too long to add to the
+    /// current time is refused at submit with
+    /// [`SubmitErrorKind::InvalidSetting`](crate::SubmitErrorKind::InvalidSetting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// const JOB: tasq::TaskType<(), ()> = tasq::TaskType::new("job");
+    /// let patient = JOB.task(()).retry_policy(tasq::RetryPolicy::exponential(
+    ///     Duration::from_secs(1),
+    ///     Duration::from_secs(600),
+    /// ));
+    /// # let _ = patient;
+    /// ```
+    pub fn retry_policy(mut self, policy: crate::RetryPolicy) -> Self {
+        self.own.retry = Some(policy);
+        self
+    }
+
+    /// How long one run of this task may take, in place of its type's
+    /// [`TypeOptions::timeout`](crate::TypeOptions::timeout) (which says what a timeout does);
+    /// fixed at submit and kept with the task, as [`max_attempts`](Task::max_attempts). Zero is
+    /// refused at submit with
+    /// [`SubmitErrorKind::InvalidSetting`](crate::SubmitErrorKind::InvalidSetting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// const JOB: tasq::TaskType<(), ()> = tasq::TaskType::new("job");
+    /// let quick = JOB.task(()).timeout(std::time::Duration::from_secs(5));
+    /// # let _ = quick;
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.own.timeout = Some(timeout);
+        self
+    }
+
     /// The task's type.
     ///
     /// # Examples
@@ -411,6 +492,7 @@ impl<P, O> fmt::Debug for Task<P, O> {
             .field("start", &self.start)
             .field("dependencies", &self.dependencies)
             .field("key", &self.key)
+            .field("own", &self.own)
             .finish_non_exhaustive()
     }
 }

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use crate::context::Context;
 use crate::metrics::{Ended, RunEnd};
 use crate::monitor::Monitor;
-use crate::registry::Entry;
+use crate::registry::{Entry, Settings};
 use crate::store::{Claim, RunOutcome, Store};
 use crate::sync::{self, Arc, JoinHandle};
 use crate::task::{Failure, FailureReason, TaskId};
@@ -120,7 +120,7 @@ impl Drop for Running {
 /// [`Totals::worker_panics`](crate::Totals::worker_panics), and the worker starts its loop again.
 fn supervise<S: Store + 'static, R: Rng>(
     store: &Arc<S>,
-    monitor: &Monitor,
+    monitor: &Arc<Monitor>,
     index: usize,
     rng: &mut R,
 ) {
@@ -144,7 +144,7 @@ fn supervise<S: Store + 'static, R: Rng>(
 fn run<S: Store, R: Rng>(
     store: &S,
     pool: &Arc<dyn Store>,
-    monitor: &Monitor,
+    monitor: &Arc<Monitor>,
     index: usize,
     rng: &mut R,
     held: &Cell<Option<TaskId>>,
@@ -155,26 +155,28 @@ fn run<S: Store, R: Rng>(
         #[cfg(all(test, not(tasq_loom)))]
         tests::maybe_inject_engine_panic();
         let entry = store.registry().entry(claim.type_index);
+        // The task's own settings, fixed at submit; else its type's as this pool registered it.
+        let settings = claim.settings.unwrap_or_else(|| entry.settings());
         let ctx = Context::new(
             claim.id,
             claim.attempt,
-            entry.max_attempts,
+            settings.max_attempts,
             entry.name,
             claim.token.clone(),
             claim.lease,
             pool,
         );
-        let timed = entry.timeout.map(|timeout| {
+        let timed = settings.timeout.map(|timeout| {
             monitor.begin(claim.id, entry.name, claim.attempt, &claim.token, timeout)
         });
         let outcome = {
             let _running = Running::enter(claim.id);
             let _span = trace::run(claim.id, entry.name, claim.attempt);
-            run_handler(entry, &ctx, &claim, rng)
+            run_handler(entry, &settings, &ctx, &claim, rng)
         };
         let timed_out = timed.is_some_and(|key| monitor.end(key));
         let outcome = if timed_out {
-            past_timeout(outcome, entry, &claim, rng)
+            past_timeout(outcome, &settings, &claim, rng)
         } else {
             outcome
         };
@@ -202,8 +204,25 @@ fn run<S: Store, R: Rng>(
 /// drawn backoff (or the delay the handler asked for), or a dead letter (a permanent error, a
 /// panic, or the last attempt failing). Every piece of user code here (the handler, the error's
 /// `Display` and `Drop`, a panic's payload) runs inside `catch_unwind`.
-fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mut R) -> RunOutcome {
-    let result = match unwind::catch(|| (entry.handler)(ctx, &*claim.payload)) {
+fn run_handler<R: Rng>(
+    entry: &Entry,
+    settings: &Settings,
+    ctx: &Context<'_>,
+    claim: &Claim,
+    rng: &mut R,
+) -> RunOutcome {
+    // A store claims only the types this pool runs: a type declared without a handler here is
+    // never claimed.
+    let Some(handler) = entry.handler.as_ref() else {
+        let error = format!("task type `{}` has no handler in this pool", entry.name);
+        return RunOutcome::Failed(Failure::new(
+            FailureReason::Permanent,
+            claim.attempt,
+            error,
+            None,
+        ));
+    };
+    let result = match unwind::catch(|| handler(ctx, &*claim.payload)) {
         Ok(result) => result,
         Err(panic_message) => {
             return RunOutcome::Failed(Failure::new(
@@ -222,12 +241,12 @@ fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mu
         .unwrap_or_else(|panic| format!("(the error's Display panicked: {panic})"));
     let reason = if error.is_permanent() {
         FailureReason::Permanent
-    } else if claim.attempt >= entry.max_attempts {
+    } else if claim.attempt >= settings.max_attempts {
         FailureReason::Exhausted
     } else {
         let delay = error
             .requested_delay()
-            .unwrap_or_else(|| entry.retry.draw(claim.attempt, rng));
+            .unwrap_or_else(|| settings.retry.draw(claim.attempt, rng));
         unwind::drop_quietly(error);
         return RunOutcome::Retry { delay, error: text };
     };
@@ -245,7 +264,7 @@ fn run_handler<R: Rng>(entry: &Entry, ctx: &Context<'_>, claim: &Claim, rng: &mu
 /// returned is user code, dropped inside `catch_unwind`.
 fn past_timeout<R: Rng>(
     outcome: RunOutcome,
-    entry: &Entry,
+    settings: &Settings,
     claim: &Claim,
     rng: &mut R,
 ) -> RunOutcome {
@@ -257,9 +276,9 @@ fn past_timeout<R: Rng>(
         RunOutcome::Failed(failure) => unwind::drop_quietly(failure),
         RunOutcome::Retry { .. } => {}
     }
-    let timeout = entry.timeout.unwrap_or_default();
+    let timeout = settings.timeout.unwrap_or_default();
     let error = format!("the handler ran past its timeout of {timeout:?}");
-    if claim.attempt >= entry.max_attempts {
+    if claim.attempt >= settings.max_attempts {
         RunOutcome::Failed(Failure::new(
             FailureReason::TimedOut,
             claim.attempt,
@@ -267,7 +286,7 @@ fn past_timeout<R: Rng>(
             None,
         ))
     } else {
-        let delay = entry.retry.draw(claim.attempt, rng);
+        let delay = settings.retry.draw(claim.attempt, rng);
         RunOutcome::Retry { delay, error }
     }
 }

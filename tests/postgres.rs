@@ -231,11 +231,8 @@ fn bad_rows_become_dead_letters_or_are_left_alone() {
         )
         .unwrap()
         .get(0);
-    sql.execute(
-        "SELECT pg_notify('tasq_' || current_schema(), 'ready')",
-        &[],
-    )
-    .unwrap();
+    sql.execute("SELECT pg_notify(tasq_channel(), 'ready')", &[])
+        .unwrap();
     let bad_id = tasq::TaskId::from_parts(pool.id(), bad as u64);
     let bad_handle = pool.handle(DOUBLE, bad_id).expect("a task of a known type");
     match bad_handle.wait_timeout(Duration::from_secs(10)) {

@@ -756,7 +756,7 @@ fn a_version_1_schema_upgrades_and_keeps_its_rows() {
     };
     assert_eq!(
         (rows, own, version),
-        (3, 0, 2),
+        (3, 0, tasq::postgres::SCHEMA_VERSION),
         "rows kept, priorities their own"
     );
 

@@ -307,9 +307,10 @@ fn producer(db: &TestDb) -> Pool {
         .postgres(db.url.clone())
         .workers(0)
         .retention(usize::MAX, None)
-        .register(EFFECT, |_, _: &u64| Ok::<_, HandlerError>(()))
-        .register(HOLD, |_, _: &u64| Ok::<_, HandlerError>(String::new()))
-        .register(LIMITED, |_, _: &u64| Ok::<_, HandlerError>(()))
+        .declare(EFFECT, TypeOptions::new())
+        .declare(HOLD, TypeOptions::new())
+        // The task's settings are the producer's: its attempts as the workers register them.
+        .declare(LIMITED, TypeOptions::new().max_attempts(20))
         .build()
         .unwrap()
 }

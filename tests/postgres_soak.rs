@@ -1296,7 +1296,22 @@ fn check_run(
     (report_a, a_closed): (&ShutdownReport, u64),
 ) {
     let f = cx.f;
-    let all_runs = rec.runs.lock().unwrap();
+    // A run that pool A's shutdown deadline interrupted and that did not succeed was given back
+    // with its attempt not counted: the task's next run is that attempt again. The checks of
+    // attempts and leases below look at the counted runs.
+    let given_back = |r: &Run| {
+        r.token.interrupt() == Some(tasq::Interrupt::Shutdown) && r.returned != Returned::Ok
+    };
+    let all_runs: HashMap<TaskId, Vec<Run>> = rec
+        .runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, runs)| {
+            let counted = runs.iter().filter(|r| !given_back(r)).cloned().collect();
+            (*id, counted)
+        })
+        .collect();
     let runs_of = |id: &TaskId| all_runs.get(id).map_or(&[][..], Vec::as_slice);
     let mut cancels_of: HashMap<TaskId, Vec<&CancelRecord>> = HashMap::new();
     cancels

@@ -22,7 +22,7 @@ use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::hub::Hub;
 use crate::metrics::RunEnd;
-use crate::registry::Registry;
+use crate::registry::{Registry, Settings};
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::sync::Arc;
 use crate::task::{CancelOutcome, Dependency, Failure, FailureReason, Start, TaskId, TaskState};
@@ -42,6 +42,8 @@ pub(crate) struct Submission<'a> {
     pub(crate) start: Start,
     pub(crate) dependencies: &'a [Dependency],
     pub(crate) key: Option<&'a str>,
+    /// The task's settings, fixed now (see [`Settings`]).
+    pub(crate) settings: Settings,
     pub(crate) payload: &'a mut dyn PayloadSlot,
 }
 
@@ -93,6 +95,9 @@ pub(crate) struct Claim {
     pub(crate) payload: Box<dyn Any + Send>,
     /// The fencing token of this claim's lease, on a store that leases its claims.
     pub(crate) lease: Option<i64>,
+    /// The task's own settings, fixed at submit; `None`: its type's, as this pool registered
+    /// it (every task of the embedded store that set none of its own).
+    pub(crate) settings: Option<Settings>,
     /// When a worker took it, on the pool's clock: its run's time is measured from here (one
     /// reading of the clock per run instead of two).
     pub(crate) claimed_at: Instant,

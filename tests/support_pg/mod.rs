@@ -75,13 +75,29 @@ impl TestDb {
     /// A fresh schema migrated to schema version `version` only (for the tests of upgrades),
     /// or `None` as [`TestDb::new`].
     pub fn at_version(version: i32) -> Option<TestDb> {
+        TestDb::make(version, 0)
+    }
+
+    /// A fresh schema whose name is the longest PostgreSQL allows (63 bytes), or `None` as
+    /// [`TestDb::new`].
+    pub fn with_longest_name() -> Option<TestDb> {
+        TestDb::make(tasq::postgres::SCHEMA_VERSION, 63)
+    }
+
+    fn make(version: i32, length: usize) -> Option<TestDb> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let base = base_url()?;
-        let schema = format!(
+        let mut schema = format!(
             "tasq_test_{}_{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
+        if schema.len() < length {
+            schema.push('_');
+            while schema.len() < length {
+                schema.push('x');
+            }
+        }
         let mut client = Client::connect(base, NoTls).expect("connect to PostgreSQL");
         client
             .batch_execute(&format!(

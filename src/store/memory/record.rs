@@ -166,6 +166,8 @@ pub(crate) struct Extra {
     pub(crate) cascade: Vec<Seq>,
     /// Of a task in a dead letter's cascade: that dead letter.
     pub(crate) cascade_root: Option<Seq>,
+    /// Settings of the task's own, unlike its type's (fixed at submit, kept by a resubmit).
+    pub(crate) settings: Option<crate::registry::Settings>,
     /// A dead letter whose record retention has passed over: it is kept only while it stays a
     /// dead letter (until taken, resubmitted or pushed out by the dead-letter limit).
     pub(crate) expired: bool,

@@ -74,13 +74,13 @@ use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
 use super::record::{Dormant, Effects, Gating, Outcome, Record};
 use crate::aging::Aging;
 use crate::breaker::Verdict;
-use crate::cancel::CancelToken;
+use crate::cancel::{CancelToken, Interrupt};
 use crate::clock::Clock;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError};
 use crate::event::Events;
-use crate::registry::Registry;
+use crate::registry::{Registry, Settings};
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -176,6 +176,8 @@ pub(crate) struct NewTask {
     /// The pool's own dependencies, checked by [`State::resolve_dependencies`].
     pub(crate) dependencies: Vec<Seq>,
     pub(crate) key: Option<Arc<str>>,
+    /// Settings of its own, unlike its type's (kept in its extra).
+    pub(crate) settings: Option<Settings>,
 }
 
 /// Everything the pool's lock guards.
@@ -544,6 +546,9 @@ impl State {
             self.keys.insert(Arc::clone(&key), id);
             record.extra().key = Some(key);
         }
+        if task.settings.is_some() {
+            record.extra().settings = task.settings;
+        }
         if !task.dependencies.is_empty() {
             // Kept to bring the task back if a failed dependency cancels it.
             record.extra().dependencies = std::mem::take(&mut task.dependencies);
@@ -709,6 +714,7 @@ impl State {
             token,
             payload,
             lease: None,
+            settings: record.extra.as_ref().and_then(|extra| extra.settings),
             claimed_at: now,
         })
     }
@@ -1078,7 +1084,10 @@ impl State {
                     extra.cancel_requested = Some(reason);
                 }
                 if let Some(token) = self.tokens.get(&seq) {
-                    token.cancel();
+                    token.fire(match reason {
+                        CancelReason::Shutdown => Interrupt::Shutdown,
+                        _ => Interrupt::Cancelled,
+                    });
                 }
                 Ok(CancelOutcome::Signalled)
             }
@@ -1110,7 +1119,7 @@ impl State {
             }
         }
         for token in self.tokens.values() {
-            token.cancel();
+            token.fire(Interrupt::Shutdown);
         }
         // Dependents have larger ids than their dependencies: cancelling from the largest id down
         // gives every task the reason `Shutdown` rather than a cascaded one.
@@ -1163,6 +1172,7 @@ impl State {
         let extra = record.extra();
         extra.resubmitted_as = Some(new_seq);
         let expired = extra.expired;
+        let settings = extra.settings;
         let task = NewTask {
             type_index: record.type_index,
             payload,
@@ -1170,6 +1180,7 @@ impl State {
             run_at: now,
             dependencies: Vec::new(),
             key,
+            settings,
         };
         self.dead.remove(&seq);
         if expired {
@@ -1240,7 +1251,9 @@ impl State {
             let new_seq = self.new_seq();
             let record = self.records.get_mut(&old).expect("looked up above");
             let payload = record.payload.take().expect("checked above");
-            record.extra().resubmitted_as = Some(new_seq);
+            let extra = record.extra();
+            extra.resubmitted_as = Some(new_seq);
+            let settings = extra.settings;
             let task = NewTask {
                 type_index,
                 payload,
@@ -1248,6 +1261,7 @@ impl State {
                 run_at: now,
                 dependencies,
                 key,
+                settings,
             };
             let (new, _) = self.insert_as(new_seq, task, Completion::new(), now, effects);
             renamed.insert(old, new.seq());
@@ -1468,24 +1482,35 @@ impl State {
     pub(crate) fn info(&self, id: TaskId, registry: &Registry) -> Option<TaskInfo> {
         let Some((_, record)) = self.record(id) else {
             let dormant = self.dormant(id)?;
+            // A dormant task is a plain one: its type's settings.
+            let settings = registry.entry(dormant.type_index).settings();
             return Some(TaskInfo {
                 id,
                 task_type: registry.entry(dormant.type_index).name,
                 state: TaskState::Scheduled,
                 priority: dormant.priority,
                 attempts: 0,
+                max_attempts: settings.max_attempts,
+                retry_policy: settings.retry,
+                timeout: settings.timeout,
                 run_at: Some(self.epoch.instant(dormant.run_at)),
                 last_error: None,
                 resubmitted_as: None,
             });
         };
         let extra = record.extra.as_deref();
+        let settings = extra
+            .and_then(|e| e.settings)
+            .unwrap_or_else(|| registry.entry(record.type_index).settings());
         Some(TaskInfo {
             id,
             task_type: registry.entry(record.type_index).name,
             state: record.state,
             priority: record.priority,
             attempts: record.attempts,
+            max_attempts: settings.max_attempts,
+            retry_policy: settings.retry,
+            timeout: settings.timeout,
             run_at: matches!(record.state, TaskState::Scheduled | TaskState::Blocked)
                 .then_some(self.epoch.instant(record.since)),
             last_error: extra.and_then(|e| {
@@ -1810,6 +1835,7 @@ mod tests {
             run_at: Instant::now(),
             dependencies,
             key: Some("k".into()),
+            settings: None,
         }
     }
 
@@ -2014,6 +2040,7 @@ mod tests {
             run_at,
             dependencies: Vec::new(),
             key: None,
+            settings: None,
         }
     }
 

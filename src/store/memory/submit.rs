@@ -41,7 +41,10 @@ impl MemoryStore {
         }
         let now = self.clock().now();
         let run_at = self.run_at(task.start, now)?;
-        if task.dependencies.is_empty() && task.key.is_none() {
+        // Settings of its own (unlike its type's) are kept in the record's extra.
+        let settings =
+            Some(task.settings).filter(|s| *s != self.registry().entry(task.type_index).settings());
+        if task.dependencies.is_empty() && task.key.is_none() && settings.is_none() {
             return self.submit_plain(task, now, run_at);
         }
         let completion = Completion::new();
@@ -79,6 +82,7 @@ impl MemoryStore {
             run_at,
             dependencies,
             key,
+            settings,
         };
         let (id, completion) = state.insert(new, completion, now, &mut effects);
         self.notify(&mut state, &effects);
@@ -196,6 +200,8 @@ impl MemoryStore {
                 run_at,
                 dependencies,
                 key,
+                settings: Some(task.settings)
+                    .filter(|s| *s != self.registry().entry(task.type_index).settings()),
             };
             let (id, completion) = state.insert(new, completion, now, &mut effects);
             submitted.push(Submitted {

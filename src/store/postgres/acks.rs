@@ -49,7 +49,7 @@ pub(crate) const ACK: &str = "
           AND t.cancel_requested IS NULL AND NOT t.has_dependents
         RETURNING t.id
     )
-    SELECT id, (SELECT pg_notify('tasq_' || current_schema(), string_agg('done:' || id, ' '))
+    SELECT id, (SELECT pg_notify(tasq_channel(), string_agg('done:' || id, ' '))
                 FROM ended)::TEXT
     FROM ended";
 
@@ -164,7 +164,7 @@ pub(crate) const ACK_ONE: &str = "
           AND cancel_requested IS NULL AND NOT has_dependents
         RETURNING id
     )
-    SELECT id, pg_notify('tasq_' || current_schema(), 'done:' || id)::TEXT FROM ended";
+    SELECT id, pg_notify(tasq_channel(), 'done:' || id)::TEXT FROM ended";
 
 /// One statement for a batch: the ids it wrote.
 fn write(store: &PgStore, batch: &[Pending]) -> Result<HashSet<i64>, String> {

@@ -14,8 +14,9 @@ use postgres::{Client, NoTls};
 use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::{PgStore, rows};
+use crate::cancel::Interrupt;
 use crate::sync::{self, Arc};
-use crate::task::{Failure, FailureReason};
+use crate::task::Failure;
 
 /// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
 /// (when the pool stops; for the maintenance thread, once no local handle waits any more).
@@ -106,9 +107,7 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
 /// A connection that listens on the queue's channel (see `notify`).
 fn listen(url: &str) -> Result<Client, postgres::Error> {
     let mut client = Client::connect(url, NoTls)?;
-    let channel: String = client
-        .query_one("SELECT 'tasq_' || current_schema()", &[])?
-        .get(0);
+    let channel: String = client.query_one("SELECT tasq_channel()", &[])?.get(0);
     client.batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))?;
     Ok(client)
 }
@@ -189,11 +188,11 @@ fn heartbeat(store: &PgStore) -> Result<(), String> {
         let id: i64 = row.get(0);
         let lease = lost.remove(&id);
         if let Some(lease) = lease.filter(|_| row.get::<_, bool>(1)) {
-            store.fire_leased(id, lease);
+            store.fire_leased(id, lease, Interrupt::Cancelled);
         }
     }
     for (id, lease) in lost {
-        store.fire_leased(id, lease);
+        store.fire_leased(id, lease, Interrupt::LeaseLost);
     }
     Ok(())
 }
@@ -241,7 +240,8 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                  priority = COALESCE(t.base_priority, t.priority), base_priority = NULL,
                  lease_id = NULL, lease_until = NULL
              FROM ended WHERE t.id = ended.id
-             RETURNING t.id, t.status, t.has_dependents, t.type, t.attempts, t.last_error",
+             RETURNING t.id, t.status, t.has_dependents, t.type, t.attempts, t.last_error,
+                       t.failure_reason",
             &[],
         )?;
         let mut dead = Vec::new();
@@ -260,6 +260,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
                     row.get::<_, String>(3),
                     row.get::<_, i32>(4),
                     row.get::<_, Option<String>>(5),
+                    rows::failure_reason_of(row.get(6)),
                 ));
             }
         }
@@ -269,9 +270,9 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
         notify_changes(&mut tx, ready, &done)?;
         tx.commit()?;
         // Reported by the process whose reaper ended them: once each.
-        for (id, type_name, attempts, error) in dead {
+        for (id, type_name, attempts, error, reason) in dead {
             let failure = Failure::new(
-                FailureReason::LeaseExpired,
+                reason,
                 u32::try_from(attempts).unwrap_or(0),
                 error.unwrap_or_default(),
                 None,

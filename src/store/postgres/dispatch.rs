@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::conn::Sql;
 use super::{Insert, PgStore, insert_task, notify, rows};
-use crate::cancel::CancelToken;
+use crate::cancel::{CancelToken, Interrupt};
 use crate::error::{ResubmitError, SubmitErrorKind};
 use crate::event::Event;
 use crate::store::{Claim, RunOutcome};
@@ -96,7 +96,8 @@ pub(crate) const CLAIM: &str = "
         lease_until = now() + interval '1 microsecond' * $3::BIGINT,
         attempts = t.attempts + 1
     WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at";
+    RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at,
+              t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us";
 
 /// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
 fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
@@ -134,6 +135,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
         let Some(type_index) = store.type_index(type_name) else {
             continue;
         };
+        let settings = rows::settings_of(store.registry.entry(type_index), row, 7);
         let token = CancelToken::new(store.clock.clone());
         held.push((
             seq,
@@ -143,6 +145,19 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                 type_index,
             },
         ));
+        if attempt > settings.max_attempts {
+            // No attempt was left (a row inserted or edited by hand: every path of the store
+            // keeps a ready row below its limit): never run, a dead letter at once. Claimed
+            // rather than passed over by the claim's `WHERE`, which would cost the claim its
+            // ordered index scan whenever the table's statistics are stale.
+            let error = format!(
+                "no attempt left: {} of {} already started",
+                attempt - 1,
+                settings.max_attempts
+            );
+            bad.push((seq, lease, settings.max_attempts, Err(error)));
+            continue;
+        }
         match store
             .codec(type_index)
             .decode_payload(payload.unwrap_or(Value::Null))
@@ -157,11 +172,12 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                     token,
                     payload,
                     lease: Some(lease),
+                    settings: Some(settings),
                     // Stamped again as a worker takes it from the local queue.
                     claimed_at: store.clock.now(),
                 },
             )),
-            Err(error) => bad.push((seq, lease, attempt, error)),
+            Err(error) => bad.push((seq, lease, attempt, Ok(error))),
         }
     }
     // The claim's order: the statement returns its rows in any order.
@@ -191,12 +207,15 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
     }
     // A payload that no longer decodes is a dead letter at once, never a worker's crash.
     for (seq, lease, attempt, error) in bad {
-        let failure = Failure::new(
-            FailureReason::BadPayload,
-            attempt,
-            format!("the payload could not be decoded: {error}"),
-            None,
-        );
+        let failure = match error {
+            Ok(error) => Failure::new(
+                FailureReason::BadPayload,
+                attempt,
+                format!("the payload could not be decoded: {error}"),
+                None,
+            ),
+            Err(exhausted) => Failure::new(FailureReason::Exhausted, attempt, exhausted, None),
+        };
         store.finish(seq, lease, Ending::Failed(failure), store.manual_now_us());
     }
     Ok(count)
@@ -212,6 +231,17 @@ impl PgStore {
         let ended_at = self.manual_now_us();
         let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
         let lease = claim.lease.unwrap_or(0);
+        if claim.token.interrupt() == Some(Interrupt::Shutdown)
+            && !matches!(outcome, RunOutcome::Succeeded(_))
+        {
+            // Stopped by this process's shutdown, not failed: the task goes back for another
+            // process with the attempt not counted, as a claim that never started does; its
+            // run says nothing about its downstream.
+            unwind::drop_quietly(outcome);
+            self.give_back_run(seq, lease);
+            unwind::drop_quietly(claim.payload);
+            return;
+        }
         if let Some(downstream) = self.registry.entry(claim.type_index).downstream {
             // Before the ending: once the probe's row stops running, its breaker has already
             // closed or reopened (see `gates.rs`).
@@ -315,30 +345,42 @@ impl PgStore {
                 false
             }
         };
-        {
-            let mut local = self.local.lock();
-            // Only this lease's entry: a retry due at once may already have been claimed again
-            // by this pool's fetcher, under a new lease whose entry must stay (its heartbeat,
-            // its cancels, its type).
-            if local
-                .running
-                .get(&seq)
-                .is_some_and(|held| held.lease == lease)
-            {
-                local.running.remove(&seq);
-            }
-            local.free += 1;
-            local.wake = true;
-            if local.wants_claim(self.prefetch) {
-                self.fetch_cv.notify_one();
-            }
-            self.done_cv.notify_all();
-        }
+        self.release(seq, lease);
         if from_row {
             self.publish_seq(seq);
         } else if terminal {
             self.waiters.lock().remove(&seq);
         }
+    }
+
+    /// Gives back the row of a run that this pool's shutdown interrupted (see `complete`), then
+    /// frees the worker's slot. If the database is away the lease runs out instead, and the
+    /// reaper returns the row (counting the attempt).
+    fn give_back_run(&self, seq: i64, lease: i64) {
+        self.give_back_leases(&[lease]);
+        self.release(seq, lease);
+    }
+
+    /// A run under `lease` is over here: forgets its entry, frees its worker's slot, and wakes
+    /// the fetcher and whoever waits for the pool's runs to end.
+    fn release(&self, seq: i64, lease: i64) {
+        let mut local = self.local.lock();
+        // Only this lease's entry: a retry due at once may already have been claimed again by
+        // this pool's fetcher, under a new lease whose entry must stay (its heartbeat, its
+        // cancels, its type).
+        if local
+            .running
+            .get(&seq)
+            .is_some_and(|held| held.lease == lease)
+        {
+            local.running.remove(&seq);
+        }
+        local.free += 1;
+        local.wake = true;
+        if local.wants_claim(self.prefetch) {
+            self.fetch_cv.notify_one();
+        }
+        self.done_cv.notify_all();
     }
 
     /// One attempt at writing an ending: the state written and how many dependents it
@@ -464,7 +506,8 @@ pub(super) fn write_ending_tx(
         (None, Ending::Failed(failure)) => {
             tx.execute(
                 "UPDATE tasq_tasks SET status = 'failed', dead = true, failure_reason = $2,
-                        last_error = $3, attempts = GREATEST(attempts, $4), finished_at = tasq_now(),
+                        last_error = $3, attempts = CASE WHEN $4 > 0 THEN $4 ELSE attempts END,
+                        finished_at = tasq_now(),
                         lease_until = NULL
                  WHERE id = $1",
                 &[
@@ -645,12 +688,12 @@ pub(super) fn revive(
     queue: u64,
     seq: i64,
     type_name: &'static str,
-    max_attempts: i32,
     dependents: bool,
 ) -> Result<Result<Revival, Refusal>, postgres::Error> {
     let Some(row) = tx.query_opt(
         "SELECT type, payload, COALESCE(base_priority, priority), key, dead, resubmitted_as,
-                status, run_at <= tasq_now()
+                status, run_at <= tasq_now(),
+                max_attempts, retry_base_us, retry_cap_us, timeout_us
          FROM tasq_tasks WHERE id = $1 FOR UPDATE",
         &[&seq],
     )?
@@ -675,12 +718,14 @@ pub(super) fn revive(
         return Ok(Err(Refusal::TypeMismatch));
     }
     let key: Option<String> = row.get(3);
+    // The dead letter's own settings, as it was submitted with them: fresh attempts, the same
+    // limit.
     let insert = Insert {
         type_name,
         payload: &payload,
         priority: row.get(2),
         delay_us: 0,
-        max_attempts,
+        settings: (row.get(8), row.get(9), row.get(10), row.get(11)),
         key: key.as_deref(),
     };
     let new = match insert_task(tx, queue, &insert, &[])? {
@@ -717,7 +762,8 @@ pub(super) fn revive(
              )
              SELECT t.id, t.type, t.payload, COALESCE(t.base_priority, t.priority), t.key,
                     t.max_attempts,
-                    ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1)
+                    ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1),
+                    t.retry_base_us, t.retry_cap_us, t.timeout_us
              FROM tasq_tasks t JOIN doomed ON t.id = doomed.id
              WHERE t.id <> $1 AND t.resubmitted_as IS NULL AND t.payload IS NOT NULL
              ORDER BY t.id",
@@ -741,7 +787,7 @@ pub(super) fn revive(
                 payload: &payload,
                 priority: row.get(3),
                 delay_us: 0,
-                max_attempts: row.get(5),
+                settings: (row.get(5), row.get(7), row.get(8), row.get(9)),
                 key: key.as_deref(),
             };
             let mut inserted = insert_task(tx, queue, &insert, &dependencies)?;

@@ -100,11 +100,14 @@ pub(crate) const PICK: &str = "
             lease_until = now() + interval '1 microsecond' * $3::BIGINT,
             attempts = t.attempts + 1
         WHERE t.id = ANY(ARRAY(SELECT id FROM picked WHERE type <> ALL($4)))
-        RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at
+        RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at,
+                  t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us
     )
-    SELECT id, type, payload, attempts, lease_id, priority, run_at FROM claimed
+    SELECT id, type, payload, attempts, lease_id, priority, run_at,
+           max_attempts, retry_base_us, retry_cap_us, timeout_us FROM claimed
     UNION ALL
-    SELECT id, type, NULL, NULL, NULL, priority, run_at FROM picked WHERE type = ANY($4)";
+    SELECT id, type, NULL, NULL, NULL, priority, run_at, NULL, NULL, NULL, NULL
+    FROM picked WHERE type = ANY($4)";
 
 /// Locks the gate rows of the types `$1` and of the downstreams `$2` that are not closed, passing
 /// over the rows another transaction holds (see the design note).
@@ -142,7 +145,8 @@ const CLAIM_KEPT: &str = "
             lease_until = now() + interval '1 microsecond' * $2::BIGINT,
             attempts = t.attempts + 1
         WHERE t.id = ANY($1) AND t.status = 'ready'
-        RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at
+        RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at,
+                  t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us
     ), buckets AS (
         UPDATE tasq_gates g
         SET tokens = b.tokens, refilled_at = GREATEST(g.refilled_at, tasq_now())
@@ -156,7 +160,8 @@ const CLAIM_KEPT: &str = "
         WHERE g.kind = 'downstream' AND g.name = p.name
         RETURNING g.name
     )
-    SELECT id, type, payload, attempts, lease_id, priority, run_at FROM claimed";
+    SELECT id, type, payload, attempts, lease_id, priority, run_at,
+           max_attempts, retry_base_us, retry_cap_us, timeout_us FROM claimed";
 
 /// Makes the gate rows the pool uses, if missing: the types `$1` (a full bucket) and the
 /// downstreams `$2` (closed).

@@ -56,7 +56,7 @@ use postgres::{NoTls, Row};
 use serde_json::Value;
 
 use self::conn::Sql;
-use crate::cancel::CancelToken;
+use crate::cancel::{CancelToken, Interrupt};
 use crate::clock::Clock;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
@@ -328,8 +328,13 @@ impl PgStore {
             .build(conn::Connector::new(config))
             .map_err(|e| BuildError::Store(e.to_string()))?;
         let prefetch = settings.prefetch;
-        let types = (0..registry.len())
-            .map(|i| registry.entry(i).name.to_owned())
+        // Only the types it has handlers for: a type declared without one is submitted here
+        // and run elsewhere.
+        let types = registry
+            .entries()
+            .iter()
+            .filter(|entry| entry.handler.is_some())
+            .map(|entry| entry.name.to_owned())
             .collect();
         let gates = gates::Gates::new(&registry);
         let store = Arc::new(PgStore {
@@ -648,13 +653,13 @@ impl PgStore {
     fn fire_local(&self, seq: i64) {
         let token = self.local.lock().running.get(&seq).map(|h| h.token.clone());
         if let Some(token) = token {
-            token.cancel();
+            token.fire(Interrupt::Cancelled);
         }
     }
 
     /// Fires the token of the run of task `seq` under `lease`, if it is still running here:
     /// not that of a later attempt of the same task that a worker here claimed since.
-    fn fire_leased(&self, seq: i64, lease: i64) {
+    fn fire_leased(&self, seq: i64, lease: i64, why: Interrupt) {
         let token = self
             .local
             .lock()
@@ -663,7 +668,7 @@ impl PgStore {
             .filter(|h| h.lease == lease)
             .map(|h| h.token.clone());
         if let Some(token) = token {
-            token.cancel();
+            token.fire(why);
         }
     }
 
@@ -766,7 +771,8 @@ struct Insert<'a> {
     payload: &'a Value,
     priority: i16,
     delay_us: i64,
-    max_attempts: i32,
+    /// The task's settings as their columns (see `rows::settings_columns`).
+    settings: rows::SettingsColumns,
     key: Option<&'a str>,
 }
 
@@ -841,9 +847,10 @@ fn insert_task(
     let pending_count = i32::try_from(pending.len()).unwrap_or(i32::MAX);
     let row = tx.query_opt(
         "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
-                                 pending_deps, cancel_reason, cancel_cause, finished_at)
+                                 pending_deps, cancel_reason, cancel_cause, finished_at,
+                                 retry_base_us, retry_cap_us, timeout_us)
          VALUES ($1, $2, $3, $4, $5, tasq_now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
-                 CASE WHEN $5 = 'cancelled' THEN tasq_now() END)
+                 CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13)
          ON CONFLICT (key) WHERE key IS NOT NULL
              AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
          RETURNING id",
@@ -854,10 +861,13 @@ fn insert_task(
             &task.priority,
             &status,
             &task.delay_us,
-            &task.max_attempts,
+            &task.settings.0,
             &pending_count,
             &reason,
             &cause,
+            &task.settings.1,
+            &task.settings.2,
+            &task.settings.3,
         ],
     )?;
     let Some(row) = row else {
@@ -928,17 +938,33 @@ fn insert_batch(
         let payloads: Vec<&Value> = plain.iter().map(|&i| inserts[i].payload).collect();
         let priorities: Vec<i16> = plain.iter().map(|&i| inserts[i].priority).collect();
         let delays: Vec<i64> = plain.iter().map(|&i| inserts[i].delay_us).collect();
-        let attempts: Vec<i32> = plain.iter().map(|&i| inserts[i].max_attempts).collect();
+        let attempts: Vec<i32> = plain.iter().map(|&i| inserts[i].settings.0).collect();
+        let bases: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.1).collect();
+        let caps: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.2).collect();
+        let timeouts: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.3).collect();
         // ids come from the sequence in the select's order, so sorted ids follow the batch.
         let rows = tx.query(
-            "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts)
+            "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts,
+                                     retry_base_us, retry_cap_us, timeout_us)
              SELECT t.type, t.payload, t.priority, 'ready',
-                    tasq_now() + interval '1 microsecond' * t.delay, t.max_attempts
-             FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[])
-                  WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, n)
+                    tasq_now() + interval '1 microsecond' * t.delay, t.max_attempts,
+                    t.base, t.cap, t.timeout
+             FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[],
+                         $6::BIGINT[], $7::BIGINT[], $8::BIGINT[])
+                  WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, base, cap,
+                                       timeout, n)
              ORDER BY t.n
              RETURNING id",
-            &[&types, &payloads, &priorities, &delays, &attempts],
+            &[
+                &types,
+                &payloads,
+                &priorities,
+                &delays,
+                &attempts,
+                &bases,
+                &caps,
+                &timeouts,
+            ],
         )?;
         let mut ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
         ids.sort_unstable();
@@ -1037,13 +1063,12 @@ fn leak_name(name: String) -> &'static str {
     leaked
 }
 
-/// Notifies the queue's channel, `tasq_<schema>` (so that queues in other schemas of the same
-/// database hear nothing of this one): at most once per transaction.
+/// Notifies the queue's channel, `tasq_channel()` (`tasq_<schema>`, so that queues in other
+/// schemas of the same database hear nothing of this one; see `schema.rs`): at most once per
+/// transaction. The channel's name fits for every legal schema name and the payload stays under
+/// PostgreSQL's limit (`dispatch::MAX_PAYLOAD`), so a notify cannot fail the work it rides on.
 fn notify(client: &mut impl Sql, payload: &str) -> Result<(), postgres::Error> {
-    client.execute(
-        "SELECT pg_notify('tasq_' || current_schema(), $1)",
-        &[&payload],
-    )?;
+    client.execute("SELECT pg_notify(tasq_channel(), $1)", &[&payload])?;
     Ok(())
 }
 
@@ -1062,7 +1087,7 @@ impl Store for PgStore {
 
     fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
         let (payload, delay) = self.prepare(&task)?;
-        let insert = self.insert_parts(task.type_index, task.priority, task.key, &payload, delay);
+        let insert = self.insert_parts(&task, &payload, delay);
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
@@ -1105,9 +1130,7 @@ impl Store for PgStore {
         let inserts: Vec<Insert<'_>> = batch
             .iter()
             .zip(&prepared)
-            .map(|(task, (payload, delay))| {
-                self.insert_parts(task.type_index, task.priority, task.key, payload, *delay)
-            })
+            .map(|(task, (payload, delay))| self.insert_parts(task, payload, *delay))
             .collect();
         let queue = self.queue;
         let result = self.with_conn(|client| {
@@ -1145,7 +1168,7 @@ impl Store for PgStore {
             return Err(SubmitErrorKind::ShutDown);
         }
         let (payload, delay) = self.prepare(&task)?;
-        let insert = self.insert_parts(task.type_index, task.priority, task.key, &payload, delay);
+        let insert = self.insert_parts(&task, &payload, delay);
         // A savepoint: a refusal leaves the caller's transaction as it was.
         let store_error = |e: postgres::Error| SubmitErrorKind::Store(conn::describe(&e));
         let mut savepoint = tx.savepoint("tasq_submit").map_err(store_error)?;
@@ -1263,16 +1286,22 @@ impl Store for PgStore {
                 c.query_opt(
                     "SELECT type, status, run_at <= tasq_now(), COALESCE(base_priority, priority),
                             attempts,
-                            EXTRACT(EPOCH FROM run_at - tasq_now())::FLOAT8, last_error, resubmitted_as
+                            EXTRACT(EPOCH FROM run_at - tasq_now())::FLOAT8, last_error, resubmitted_as,
+                            max_attempts, retry_base_us, retry_cap_us, timeout_us
                      FROM tasq_tasks WHERE id = $1",
                     &[&seq],
                 )
             })
             .ok()??;
         let state = rows::state_of(row.get(1), row.get(2));
-        let task_type = self
-            .type_index(row.get(0))
-            .map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
+        let index = self.type_index(row.get(0));
+        let task_type =
+            index.map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
+        // A column left NULL (a row inserted by hand) takes the type's setting here; a type
+        // this pool does not know, the defaults'.
+        let declared = index.map(|i| self.registry.entry(i));
+        let fallback = crate::registry::Entry::declared(crate::TaskType::<(), ()>::new("?"));
+        let settings = rows::settings_of(declared.unwrap_or(&fallback), &row, 8);
         // As the embedded store: a due time only for a task that waits for one.
         let waiting = matches!(state, TaskState::Blocked | TaskState::Scheduled);
         Some(TaskInfo {
@@ -1281,6 +1310,9 @@ impl Store for PgStore {
             state,
             priority: u8::try_from(row.get::<_, i16>(3)).unwrap_or(0),
             attempts: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
+            max_attempts: settings.max_attempts,
+            retry_policy: settings.retry,
+            timeout: settings.timeout,
             run_at: waiting.then(|| rows::instant_in(self.clock.now(), row.get(5))),
             last_error: row.get(6),
             resubmitted_as: row.get::<_, Option<i64>>(7).map(|s| self.id(s)),
@@ -1520,7 +1552,7 @@ impl Store for PgStore {
             .map(|(seq, held)| (self.id(*seq), self.registry.entry(held.type_index).name))
             .collect();
         for held in local.running.values() {
-            held.token.cancel();
+            held.token.fire(Interrupt::Shutdown);
         }
         self.work_cv.notify_all();
         self.fetch_cv.notify_all();
@@ -1553,7 +1585,7 @@ impl Store for PgStore {
             local.closed = true;
             local.stopping = true;
             for held in local.running.values() {
-                held.token.cancel();
+                held.token.fire(Interrupt::Shutdown);
             }
             self.work_cv.notify_all();
             self.fetch_cv.notify_all();
@@ -1645,20 +1677,17 @@ impl PgStore {
 
     fn insert_parts<'a>(
         &self,
-        type_index: u32,
-        priority: u8,
-        key: Option<&'a str>,
+        task: &'a Submission<'_>,
         payload: &'a Value,
         delay: Duration,
     ) -> Insert<'a> {
-        let entry = self.registry.entry(type_index);
         Insert {
-            type_name: entry.name,
+            type_name: self.registry.entry(task.type_index).name,
             payload,
-            priority: i16::from(priority),
+            priority: i16::from(task.priority),
             delay_us: rows::micros(delay),
-            max_attempts: i32::try_from(entry.max_attempts).unwrap_or(i32::MAX),
-            key,
+            settings: rows::settings_columns(&task.settings),
+            key: task.key,
         }
     }
 
@@ -1848,20 +1877,15 @@ impl PgStore {
         if self.is_closed() {
             return Err(ResubmitError::ShutDown);
         }
-        let entry = self.registry.entry(type_index);
-        let (type_name, max_attempts) = (
-            entry.name,
-            i32::try_from(entry.max_attempts).unwrap_or(i32::MAX),
-        );
+        let type_name = self.registry.entry(type_index).name;
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
-            let revived =
-                match dispatch::revive(&mut tx, queue, seq, type_name, max_attempts, dependents)? {
-                    Ok(revived) => revived,
-                    // Refused: nothing changed (dropping the transaction rolls it back).
-                    Err(refusal) => return Ok(Err(refusal)),
-                };
+            let revived = match dispatch::revive(&mut tx, queue, seq, type_name, dependents)? {
+                Ok(revived) => revived,
+                // Refused: nothing changed (dropping the transaction rolls it back).
+                Err(refusal) => return Ok(Err(refusal)),
+            };
             notify(&mut tx, "ready")?;
             // Registered before the commit: no ending can be announced before it.
             let completion = self.completion_for(revived.new);

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::registry::{Entry, Settings};
+use crate::retry::RetryPolicy;
 use crate::task::{CancelReason, Failure, FailureReason, TaskId, TaskState};
 
 /// The state of a row: its `status`, and for a ready row whether it is due.
@@ -92,3 +94,40 @@ pub(crate) fn micros(duration: Duration) -> i64 {
 pub(crate) fn age(seconds: f64) -> Duration {
     Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or_default()
 }
+
+/// A task's settings as its row keeps them, from column `first` on: `max_attempts`,
+/// `retry_base_us`, `retry_cap_us`, `timeout_us` (0: no timeout). A column left NULL (a row
+/// inserted by hand, or before schema version 3) takes the type's setting as `entry`, this
+/// pool's registration, has it.
+pub(crate) fn settings_of(entry: &Entry, row: &postgres::Row, first: usize) -> Settings {
+    let mut settings = entry.settings();
+    let micros = |column: usize| {
+        row.get::<_, Option<i64>>(column)
+            .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)))
+    };
+    if let Some(attempts) = row.get::<_, Option<i32>>(first) {
+        settings.max_attempts = u32::try_from(attempts).unwrap_or(0);
+    }
+    if let (Some(base), Some(cap)) = (micros(first + 1), micros(first + 2)) {
+        settings.retry = RetryPolicy::exponential(base, cap);
+    }
+    if let Some(timeout) = micros(first + 3) {
+        settings.timeout = Some(timeout).filter(|t| !t.is_zero());
+    }
+    settings
+}
+
+/// The columns [`settings_of`] reads: `max_attempts`, `retry_base_us`, `retry_cap_us`,
+/// `timeout_us`.
+pub(crate) fn settings_columns(settings: &Settings) -> SettingsColumns {
+    (
+        i32::try_from(settings.max_attempts).unwrap_or(i32::MAX),
+        Some(micros(settings.retry.base())),
+        Some(micros(settings.retry.cap())),
+        Some(settings.timeout.map_or(0, |t| micros(t).max(1))),
+    )
+}
+
+/// A task's settings as its row's columns: `max_attempts`, `retry_base_us`, `retry_cap_us`,
+/// `timeout_us` (see [`settings_of`]).
+pub(crate) type SettingsColumns = (i32, Option<i64>, Option<i64>, Option<i64>);

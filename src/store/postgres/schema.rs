@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 2;
+pub(crate) const VERSION: i32 = 3;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 2] = [V1, V2];
+const MIGRATIONS: [&str; 3] = [V1, V2, V3];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -132,6 +132,30 @@ CREATE TABLE IF NOT EXISTS tasq_gates (
     probe_lease BIGINT,
     PRIMARY KEY (kind, name)
 );
+";
+
+/// Version 3: a task's own settings, and the fleet's shared policy.
+///
+/// * `max_attempts` (from version 1), `retry_base_us`, `retry_cap_us` and `timeout_us` (0: none)
+///   are the task's settings, fixed by the pool that submits it and obeyed by every process that
+///   claims, retries, reaps or resubmits it (see `rows::settings_of`). NULL, in a row inserted
+///   by hand or before this version, takes the claiming pool's registration. No backfill.
+/// * `tasq_channel()` names the queue's notification channel: `tasq_` and the schema's name, or,
+///   for a name too long for that to fit PostgreSQL's 63-byte identifiers, `tasq_` and the
+///   name's MD5 (before this version the channel was always `tasq_<schema>`, and every notify
+///   in a schema with a name of 59 bytes or more failed, and with it the submit or ack that
+///   sent it).
+const V3: &str = "
+ALTER TABLE tasq_tasks
+    ADD COLUMN retry_base_us BIGINT,
+    ADD COLUMN retry_cap_us BIGINT,
+    ADD COLUMN timeout_us BIGINT;
+
+-- OR REPLACE: a schema whose tables were dropped by hand (to start over) may keep it.
+CREATE OR REPLACE FUNCTION tasq_channel() RETURNS TEXT LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN octet_length(current_schema()) <= 58 THEN 'tasq_' || current_schema()
+                ELSE 'tasq_' || md5(current_schema()) END
+$$;
 ";
 
 /// Brings the schema to [`VERSION`]; returns the version it found.
