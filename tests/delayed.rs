@@ -165,3 +165,117 @@ fn a_shutdown_cancels_waiting_tasks_and_their_unread_handles_read_it() {
     assert_eq!(DROPS.load(Ordering::SeqCst), 2);
     assert_eq!(kept.wait(), Outcome::Cancelled(CancelReason::Shutdown));
 }
+
+/// A pool of one worker, and a way to keep that worker busy: [`Busy::hold`] returns once the
+/// worker runs a task that blocks until [`Busy::release`]. Meanwhile plain submits wait in the
+/// intake: nothing takes them in. The pool's `STEP` tasks record their payloads in `order` as
+/// they run.
+struct Busy {
+    pool: Pool,
+    clock: ManualClock,
+    order: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    started: std::sync::mpsc::Receiver<()>,
+    release: std::sync::mpsc::Sender<()>,
+    busy: Option<TaskHandle<()>>,
+}
+
+const BUSY: TaskType<(), ()> = TaskType::new("busy");
+const STEP: TaskType<u64, ()> = TaskType::new("step");
+
+impl Busy {
+    fn new() -> Self {
+        use std::sync::{Arc, Mutex, mpsc};
+        let clock = ManualClock::new();
+        let (started_tx, started) = mpsc::channel::<()>();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let (started_tx, release_rx) = (Mutex::new(started_tx), Mutex::new(release_rx));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let ran = Arc::clone(&order);
+        let pool = Pool::builder()
+            .workers(1)
+            .manual_clock(clock.clone())
+            .register(BUSY, move |_, _: &()| {
+                started_tx.lock().unwrap().send(()).unwrap();
+                release_rx.lock().unwrap().recv().unwrap();
+                Ok::<_, HandlerError>(())
+            })
+            .register(STEP, move |_, n: &u64| {
+                ran.lock().unwrap().push(*n);
+                Ok::<_, HandlerError>(())
+            })
+            .build()
+            .unwrap();
+        Busy {
+            pool,
+            clock,
+            order,
+            started,
+            release,
+            busy: None,
+        }
+    }
+
+    fn hold(&mut self) {
+        self.busy = Some(self.pool.submit(BUSY.task(())).unwrap());
+        self.started
+            .recv_timeout(GUARD)
+            .expect("the worker runs the busy task");
+    }
+
+    fn release(&mut self) {
+        self.release.send(()).unwrap();
+        let busy = self.busy.take().expect("held");
+        assert_eq!(busy.wait_timeout(GUARD), Some(Outcome::Succeeded(())));
+    }
+
+    fn step(&self, n: u64, delay: Duration) -> TaskHandle<()> {
+        self.pool.submit(STEP.task(n).delay(delay)).unwrap()
+    }
+
+    /// Waits for `handles`, then returns the order their tasks ran in.
+    fn ran(&self, handles: &[TaskHandle<()>]) -> Vec<u64> {
+        for handle in handles {
+            assert_eq!(handle.wait_timeout(GUARD), Some(Outcome::Succeeded(())));
+        }
+        self.pool.check_invariants().unwrap();
+        self.order.lock().unwrap().clone()
+    }
+}
+
+/// Delayed tasks that fall due while the only worker is busy run in due order (earliest first),
+/// not in the order they were submitted: the order a task becomes ready is its due time. They
+/// wait in the intake (nothing takes them in while the worker runs) until the worker is free.
+#[test]
+fn delayed_tasks_that_fall_due_while_the_worker_is_busy_run_in_due_order() {
+    let mut busy = Busy::new();
+    busy.hold();
+    let handles: Vec<_> = [50, 40, 30, 20, 10]
+        .into_iter()
+        .map(|ms| busy.step(ms, Duration::from_millis(ms)))
+        .collect();
+    busy.clock.advance(Duration::from_millis(100));
+    busy.release();
+    assert_eq!(busy.ran(&handles), [10, 20, 30, 40, 50]);
+}
+
+/// Equal due times run in submission order; a task submitted for now takes its place among
+/// delayed ones by when it was submitted, and one already taken in (waiting in the delayed
+/// heap) by its due time too.
+#[test]
+fn tasks_falling_due_together_run_by_due_time_then_submission() {
+    let mut busy = Busy::new();
+    // Taken in before the worker is busy: it waits in the delayed heap, due at 25 ms.
+    let early = busy.step(25, Duration::from_millis(25));
+    assert_eq!(early.status(), TaskState::Scheduled);
+    busy.hold();
+    let mut handles = vec![early];
+    handles.push(busy.step(20, Duration::from_millis(20)));
+    handles.push(busy.step(10, Duration::from_millis(10)));
+    handles.push(busy.step(11, Duration::from_millis(10)));
+    busy.clock.advance(Duration::from_millis(15));
+    // Submitted at 15 ms, due then.
+    handles.push(busy.step(15, Duration::ZERO));
+    busy.clock.advance(Duration::from_millis(100));
+    busy.release();
+    assert_eq!(busy.ran(&handles), [10, 11, 15, 20, 25]);
+}

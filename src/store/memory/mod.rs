@@ -314,8 +314,16 @@ impl MemoryStore {
     /// Moves what the intake holds into the state (see `intake.rs`). A closed pool still takes
     /// it in (those producers passed their check before it closed): a stopped one cancels it at
     /// once.
+    ///
+    /// Delayed tasks that fell due while they waited there are promoted in due order, merged
+    /// with the delayed heap (see `State::admit`).
     fn take_in(&self, state: &mut State, now: Instant, effects: &mut Effects) {
-        self.intake.drain(|entry| state.admit(entry, now, effects));
+        let mut fell_due = false;
+        self.intake
+            .drain(|entry| fell_due |= state.admit(entry, now, effects));
+        if fell_due {
+            state.promote_fallen_due(now, effects);
+        }
     }
 
     /// Takes in the drops of unread handles (see `hub.rs`); the outcomes kept for them go to

@@ -445,8 +445,18 @@ impl State {
     }
 
     /// Takes in a plain task from the intake: ready or scheduled, or, if the pool has stopped
-    /// (a producer that passed its check before the pool closed), cancelled at once.
-    pub(crate) fn admit(&mut self, entry: Entry, now: Instant, effects: &mut Effects) {
+    /// (a producer that passed its check before the pool closed), cancelled at once. Returns
+    /// whether it was a delayed task that has fallen due already: the caller then promotes the
+    /// delayed heap up to `now` ([`promote_fallen_due`](Self::promote_fallen_due)) once the
+    /// whole batch is in.
+    ///
+    /// The order tasks become ready in is their due order, whichever way they came in: a
+    /// delayed task goes through the delayed heap even when it is due already (the worker was
+    /// busy when it fell due), so a batch of them is promoted earliest due first, not in
+    /// submission order; a task due when submitted first promotes what fell due before it was
+    /// submitted. Intake entries come in submission order, and a delayed task falls due after
+    /// it was submitted, so this merges the batch with the heap exactly.
+    pub(crate) fn admit(&mut self, entry: Entry, now: Instant, effects: &mut Effects) -> bool {
         let Entry {
             seq,
             run_at,
@@ -457,8 +467,9 @@ impl State {
         } = entry;
         self.totals.submitted += 1;
         let dropped = !self.early_drops.is_empty() && self.early_drops.remove(&seq).is_some();
-        if !due && !self.stopping && run_at > self.stamp(now) {
-            // Scheduled, and nothing can have asked about it yet: dormant (invariant 1).
+        if !due && !self.stopping {
+            // Scheduled, and nothing can have asked about it yet: dormant (invariant 1), due
+            // or not.
             let dormant = Dormant {
                 run_at,
                 payload,
@@ -470,7 +481,12 @@ impl State {
             self.counts.enter(TaskState::Scheduled);
             // Keeps invariant 2.
             effects.new_earliest |= self.delayed.push(run_at, seq);
-            return;
+            return run_at <= self.stamp(now);
+        }
+        if due && !self.stopping && self.counts.scheduled > 0 {
+            // What fell due before this task was submitted became ready before it.
+            let since = run_at.min(self.stamp(now));
+            effects.newly_ready += self.promote_delayed(run_at, since);
         }
         let record = Record {
             state: TaskState::Blocked,
@@ -490,9 +506,17 @@ impl State {
         if self.stopping {
             self.finish(seq, End::Cancelled(CancelReason::Shutdown), now, effects);
         } else {
-            // Ready since it was submitted (or since it fell due), not since a worker took it in.
+            // Ready since it was submitted, not since a worker took it in.
             self.make_runnable_since(seq, now, run_at, due, effects);
         }
+        false
+    }
+
+    /// After a batch of [`admit`](Self::admit)s of which one took in a delayed task due
+    /// already: promotes every scheduled task due at `now`, earliest due first.
+    pub(crate) fn promote_fallen_due(&mut self, now: Instant, effects: &mut Effects) {
+        let stamp = self.stamp(now);
+        effects.newly_ready += self.promote_delayed(stamp, stamp);
     }
 
     /// [`insert`](Self::insert) as task `id`, a sequence number just taken.
@@ -624,8 +648,25 @@ impl State {
             return 0;
         }
         let stamp = self.stamp(now);
+        let mut promoted = self.promote_delayed(stamp, stamp);
+        if self.gated && self.gates.held() > 0 && !self.stopping {
+            promoted += self.gates.release_due(
+                now,
+                stamp,
+                &mut self.records,
+                &mut self.ready,
+                self.aging.as_ref(),
+            );
+        }
+        promoted
+    }
+
+    /// Moves the scheduled tasks due at `upto` to the ready queue, earliest due first, then by
+    /// id (the delayed heap's order: so within a priority they run in due order), marking them
+    /// ready since `since`; returns how many.
+    fn promote_delayed(&mut self, upto: Stamp, since: Stamp) -> usize {
         let mut promoted = 0;
-        while let Some(id) = self.delayed.pop_due(stamp) {
+        while let Some(id) = self.delayed.pop_due(upto) {
             self.rouse(id);
             let Some(record) = self.records.get_mut(&id) else {
                 continue;
@@ -635,19 +676,10 @@ impl State {
             }
             self.counts.leave(TaskState::Scheduled);
             record.state = TaskState::Ready;
-            record.since = stamp;
+            record.since = since;
             self.ready.push(record.priority, id);
             self.counts.enter(TaskState::Ready);
             promoted += 1;
-        }
-        if self.gated && self.gates.held() > 0 && !self.stopping {
-            promoted += self.gates.release_due(
-                now,
-                stamp,
-                &mut self.records,
-                &mut self.ready,
-                self.aging.as_ref(),
-            );
         }
         promoted
     }
