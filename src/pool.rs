@@ -314,8 +314,13 @@ impl Pool {
         self.store.pool_id()
     }
 
-    /// Blocks until no task is ready or running and none is due: everything left waits for a
-    /// later run_at (on the pool's clock) or for a dependency. Returns at once on an idle pool.
+    /// Blocks until nothing can run without time passing: no task is running, none is ready to
+    /// start and none is due. Everything left waits for a later run_at (on the pool's clock),
+    /// for a dependency, or for the time a gate opens: tasks held back by an open circuit
+    /// breaker (until its cool-down ends) or by a rate limit (until its next token) count like
+    /// scheduled ones, though their state stays [`Ready`](TaskState::Ready). (Tasks held by a
+    /// concurrency limit wait for a running task: the pool is not idle while they wait.)
+    /// Returns at once on an idle pool.
     ///
     /// Made for tests on a [`ManualClock`](crate::ManualClock): advance the clock, wait until
     /// the pool has done everything that became due, then look at the outcome. With tasks
@@ -357,8 +362,12 @@ impl Pool {
         }
     }
 
-    /// Like [`wait_idle`](Pool::wait_idle), with a timeout on the pool's clock (`None` waits as
-    /// long as it takes).
+    /// Like [`wait_idle`](Pool::wait_idle), with a timeout (`None` waits as long as it takes).
+    ///
+    /// The timeout is real time, measured with [`Instant::now`] even on a
+    /// [`ManualClock`](crate::ManualClock): it bounds how long the call blocks, and nobody may
+    /// be moving a manual clock while it waits. (Due times stay on the pool's clock: advancing
+    /// a manual clock is what makes delayed work due.)
     ///
     /// # Errors
     ///
@@ -379,14 +388,16 @@ impl Pool {
     /// ```
     pub fn wait_idle_timeout(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
         self.refuse_from_handler()?;
-        let deadline = timeout.and_then(|t| self.store.clock().deadline_after(t));
+        // Real time, not the pool's clock (see above).
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         self.store.wait_idle(deadline)
     }
 
     /// Blocks until the pool has nothing left: no task blocked, scheduled (delayed or waiting
     /// to retry), ready or running. Unlike [`shutdown`](Pool::shutdown) it does not close the
-    /// pool: submits go on being accepted, and what they add is waited for too. The timeout is on
-    /// the pool's clock; `None` waits as long as it takes.
+    /// pool: submits go on being accepted, and what they add is waited for too. The timeout is
+    /// real time, as [`wait_idle_timeout`](Pool::wait_idle_timeout)'s, even on a manual clock;
+    /// `None` waits as long as it takes.
     ///
     /// The way for a batch program to wait for all its work before it reads the results.
     ///
@@ -412,7 +423,8 @@ impl Pool {
     /// ```
     pub fn wait_empty(&self, timeout: Option<Duration>) -> Result<(), WaitError> {
         self.refuse_from_handler()?;
-        let deadline = timeout.and_then(|t| self.store.clock().deadline_after(t));
+        // Real time, not the pool's clock (see `wait_idle_timeout`).
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         self.store.wait_empty(deadline)
     }
 

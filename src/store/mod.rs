@@ -236,11 +236,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     // ===== waiting and shutdown =====
 
-    /// Blocks until nothing is ready, running or due, or until `deadline` on the store's clock.
-    /// The caller has refused calls from this pool's own handlers.
+    /// Blocks until nothing can run without time passing (nothing running, nothing ready but
+    /// what a gate holds until a time, nothing due), or until `deadline`, in real time
+    /// (`Instant::now()`) whatever the store's clock. The caller has refused calls from this
+    /// pool's own handlers.
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError>;
 
-    /// Blocks until nothing is left at all, or until `deadline` on the store's clock.
+    /// Blocks until nothing is left at all, or until `deadline`, in real time.
     fn wait_empty(&self, deadline: Option<Instant>) -> Result<(), WaitError>;
 
     /// The clock the store's times and deadlines are on.

@@ -424,6 +424,23 @@ pub fn settle(pool: &Pool) {
     assert!(finish(&probe).is_succeeded(), "the probe did not succeed");
 }
 
+/// Runs `wait` on `pool` in a thread of its own and returns its result, failing the test
+/// instead of hanging if it has not returned within [`HANG_GUARD`] (real time); a thread that
+/// hangs is left behind.
+pub fn returns_within<T: Send + 'static>(
+    pool: &std::sync::Arc<TestPool>,
+    what: &str,
+    wait: impl FnOnce(&Pool) -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let pool = std::sync::Arc::clone(pool);
+    std::thread::spawn(move || {
+        let _ = tx.send(wait(&pool));
+    });
+    rx.recv_timeout(HANG_GUARD)
+        .unwrap_or_else(|_| panic!("{what} did not return within {HANG_GUARD:?}"))
+}
+
 /// Waits for a task's outcome, failing the test instead of hanging.
 pub fn finish<O: Clone + 'static>(handle: &TaskHandle<O>) -> Outcome<O> {
     handle

@@ -85,6 +85,8 @@ pub(crate) struct Wakes {
     pub(crate) newly_ready: usize,
     /// A gate started needing the timer: a sleeping timer must re-read the earliest due time.
     pub(crate) new_earliest: bool,
+    /// A task was held back: if it was the last one ready, the pool may be idle now (rule 6).
+    pub(crate) held: bool,
 }
 
 /// The tasks one gate holds back.

@@ -66,7 +66,9 @@
 //!    wake everyone: workers re-check whether to exit, `shutdown` re-checks whether it is done.
 //! 5. A manual clock's advance wakes the timer and `shutdown` (their deadlines are on that clock)
 //!    and, with no timer but due times, one idle worker.
-//! 6. A transition that leaves nothing ready or running wakes `wait_idle` callers.
+//! 6. A transition that leaves nothing in the ready queue and nothing running wakes `wait_idle`
+//!    callers; so does a claim that holds back the last task in the ready queue (held tasks
+//!    wait for a time or for a running task, like scheduled ones: see `State::is_idle`).
 //!
 //! A worker about to sleep (either way) first counts itself a sleeper in the intake word; if a
 //! submit is pending there, it moves the intake in and looks again instead (see `intake.rs`).
@@ -402,7 +404,10 @@ impl MemoryStore {
         running
     }
 
-    /// Blocks until `done(state, now)` holds or `deadline` (on the pool's clock) passes.
+    /// Blocks until `done(state, now)` holds or `deadline` passes. The deadline is in real time
+    /// (`Instant::now()`), whatever the pool's clock: it bounds how long the caller blocks, and
+    /// on a manual clock nobody may move the pool's time. Changes of the state and a manual
+    /// clock's advance notify `done_cv` (rules 5 and 6); the timed wait only marks the deadline.
     fn wait_until_done(
         &self,
         deadline: Option<Instant>,
@@ -415,10 +420,11 @@ impl MemoryStore {
             if done(&mut state, now) {
                 return Ok(());
             }
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(WaitError::TimedOut);
+            match deadline {
+                Some(deadline) if Instant::now() >= deadline => return Err(WaitError::TimedOut),
+                Some(deadline) => self.done_cv.wait_until(&mut state, deadline),
+                None => self.done_cv.wait(&mut state),
             }
-            self.clock.wait_until(&self.done_cv, &mut state, deadline);
         }
     }
 }
@@ -780,6 +786,10 @@ impl MemoryStore {
             // due time. Without one, this worker becomes the timer if it finds nothing, and
             // rule 2 below wakes one if it found a task.
             self.wake_timer(state);
+        }
+        if wakes.held && state.counts_idle() {
+            // Rule 6: holding back the last ready task leaves nothing to run.
+            self.done_cv.notify_all();
         }
         let claim = claim?;
         self.wake_for_ready(state);

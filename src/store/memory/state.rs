@@ -317,17 +317,19 @@ impl State {
         running_elsewhere == 0 && (queued == 0 || free_workers == 0)
     }
 
-    /// Whether no task is ready or running, and none is due at `now`: what is left waits for a
-    /// later run_at or for a dependency.
+    /// Whether nothing can run at `now` without time passing: no task in the ready queue or
+    /// running, and no due time reached. What is left waits for a later run_at, for a
+    /// dependency, or, held back by a gate, for a time: an open breaker's cool-down, a rate
+    /// limit's next token (a task held by a concurrency limit waits for a running task, so
+    /// the pool is not idle then anyway). Held tasks count like scheduled ones, not as ready.
     pub(crate) fn is_idle(&mut self, now: Instant) -> bool {
-        self.counts.ready == 0
-            && self.counts.running == 0
-            && self.earliest_due(now).is_none_or(|due| due > now)
+        self.counts_idle() && self.earliest_due(now).is_none_or(|due| due > now)
     }
 
-    /// Nothing ready or running (due times not looked at).
+    /// Nothing in the ready queue and nothing running (due times not looked at; tasks their
+    /// gates hold are not in the ready queue).
     pub(crate) fn counts_idle(&self) -> bool {
-        self.counts.ready == 0 && self.counts.running == 0
+        self.ready.is_empty() && self.counts.running == 0
     }
 
     /// Whether something waits for a time: a scheduled task, or a gate that needs the timer
@@ -789,6 +791,7 @@ impl State {
                     let priority = record.priority;
                     let back = was == Gating::Released(kind);
                     self.gates.hold(gate, seq, priority, back);
+                    wakes.held = true;
                     wakes.new_earliest |= !timed_before && self.gates.needs_timer(gate);
                     false
                 }

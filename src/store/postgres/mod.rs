@@ -1764,7 +1764,8 @@ impl PgStore {
             if done(self) {
                 return Ok(());
             }
-            if deadline.is_some_and(|d| self.clock.now() >= d) {
+            // In real time, whatever the pool's clock (see `Store::wait_idle`).
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(WaitError::TimedOut);
             }
             std::thread::sleep(delay);
