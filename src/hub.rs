@@ -9,7 +9,14 @@
 //!
 //! - A handle dropped unread pushes its sequence number onto [`dropped`](Hub::dropped), with no
 //!   lock; the store takes the queue in under its lock (after its intake, see
-//!   `store/memory/intake.rs`), and stops keeping outcomes for those tasks.
+//!   `store/memory/intake.rs`), and stops keeping outcomes for those tasks. Workers take it in
+//!   after each task they finish, and `wait_idle`/`wait_empty` and every transition of the
+//!   store take it in too. An idle pool has no worker finishing tasks: so the drops queued and
+//!   not taken in are counted ([`queued`](Hub::queued)), and the drop that brings them to
+//!   [`TAKE_IN_AT`] takes them in itself ([`Store::take_in_dropped`], which takes the store's
+//!   lock, and drops the outcomes after releasing it). On a pool nobody touches, fewer than
+//!   that many outcomes outlive their handles; a busy pool's workers take the drops in long
+//!   before, and the dropping thread never takes the lock.
 //! - When the store is dropped, it hands every outcome still kept for a live handle to
 //!   [`seal`](Hub::seal). A handle whose store is gone waits until the hub is sealed (the
 //!   store's `Drop` runs right after its last reference goes), then takes its outcome there. A
@@ -28,14 +35,23 @@ use std::sync::OnceLock;
 
 use crate::completion::Completion;
 use crate::store::Store;
-use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, Queue, Weak};
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, Queue, Weak};
 use crate::unwind;
+
+/// How many drops may wait in [`Hub::dropped`] before the dropping thread takes them in
+/// itself: a lock taken once per this many drops at most, and a bound on the outcomes an idle
+/// pool keeps for handles already gone.
+const TAKE_IN_AT: usize = 256;
 
 /// What a pool's handles share (one per pool).
 pub(crate) struct Hub {
     store: OnceLock<Weak<dyn Store>>,
     /// Sequence numbers of tasks whose unread handle was dropped, for the store to take in.
     dropped: Queue<u64>,
+    /// Drops pushed onto `dropped` minus drops taken in: a wrapping count, read as signed (a
+    /// drop may be popped before its push is counted). Only a trigger: nothing relies on it
+    /// being exact.
+    queued: AtomicUsize,
     /// `Some` once the store is gone: the outcomes it kept for live handles.
     sealed: Mutex<Option<HashMap<u64, Arc<Completion>>>>,
     /// Set (after `sealed`) once the store is gone.
@@ -48,6 +64,7 @@ impl Hub {
         Arc::new(Hub {
             store: OnceLock::new(),
             dropped: Queue::new(),
+            queued: AtomicUsize::new(0),
             sealed: Mutex::new(None),
             is_sealed: AtomicBool::new(false),
             sealed_cv: Condvar::new(),
@@ -67,15 +84,24 @@ impl Hub {
     }
 
     /// A handle to task `seq` was dropped without its completion (no lock while the store
-    /// lives: see the module docs). Once the store is gone, the outcome kept for the handle,
-    /// for the caller to drop outside any lock.
+    /// lives, except once per [`TAKE_IN_AT`] drops not taken in: see the module docs). Once
+    /// the store is gone, the outcome kept for the handle, for the caller to drop outside any
+    /// lock.
     pub(crate) fn handle_dropped(&self, seq: u64) -> Option<Arc<Completion>> {
         self.dropped.push(seq);
         if self.is_sealed.load(Ordering::SeqCst) {
-            self.take_kept(seq)
-        } else {
-            None
+            return self.take_kept(seq);
         }
+        let queued = self.queued.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        // Signed: below zero while drops popped before they were counted are uncounted.
+        if queued as isize >= TAKE_IN_AT as isize {
+            // Nobody took the drops in for a while (an idle pool): take them in here. The
+            // store, while it lives (its `Drop` takes in what is left).
+            if let Some(store) = self.store() {
+                store.take_in_dropped();
+            }
+        }
+        None
     }
 
     /// The outcome the store kept for task `seq`, if the hub is sealed.
@@ -86,9 +112,18 @@ impl Hub {
             .and_then(|kept| kept.remove(&seq))
     }
 
-    /// The next dropped handle's task, for the store to take in.
-    pub(crate) fn take_dropped(&self) -> Option<u64> {
-        self.dropped.pop()
+    /// Pops every dropped handle's task, handing each to `take`, for the store to take in
+    /// (under its lock).
+    pub(crate) fn take_dropped(&self, mut take: impl FnMut(u64)) {
+        let mut n: usize = 0;
+        while let Some(seq) = self.dropped.pop() {
+            take(seq);
+            n += 1;
+        }
+        if n > 0 {
+            // Wraps (see `queued`).
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+        }
     }
 
     /// The store is gone: `kept` are the outcomes it kept for live handles. (Called by the

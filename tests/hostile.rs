@@ -1016,6 +1016,62 @@ fn issue10_outputs_kept_for_unread_handles_whose_drop_panics() {
     );
 }
 
+/// Issue 20, item 11: on an idle pool, the drops of unread handles are taken in by the
+/// dropping thread itself (every few hundred) and by `wait_idle`, not by a worker: the outputs
+/// they let go are dropped on the test's thread, after the pool's lock is released. Outputs
+/// that call back into the pool get through (no deadlock), and outputs that panic when dropped
+/// reach neither the dropping thread nor `wait_idle`'s caller.
+#[test]
+fn issue20_outputs_let_go_on_an_idle_pool_call_back_or_panic_quietly() {
+    const TASKS: usize = 300;
+    watchdog(
+        "deadlock: issue 20, an output let go by a handle's drop on an idle pool",
+        || {
+            let pool =
+                TestPool::new(builder(1).retention(0, None).register(
+                    REENTRANT_OUTPUT,
+                    |_, callback: &Callback| {
+                        Ok::<_, HandlerError>(ReentersOnDrop(callback.clone()))
+                    },
+                ));
+            let (callback, reports) = Callback::new(&pool);
+            let unread: Vec<_> = (0..TASKS)
+                .map(|_| {
+                    pool.submit(REENTRANT_OUTPUT.task(callback.clone()))
+                        .unwrap()
+                })
+                .collect();
+            pool.wait_idle();
+            drop(unread);
+            pool.wait_idle();
+            for _ in 0..TASKS {
+                assert_reentered_alive(
+                    &reports,
+                    "deadlock: issue 20, a let-go output's Drop never returned",
+                );
+            }
+            assert_workers_alive(&pool, 1, "after let-go outputs called back");
+            shut_down(&pool);
+
+            let pool = TestPool::new(
+                builder(1)
+                    .retention(0, None)
+                    .register(DOOMED_OUTPUT, |_, _: &()| {
+                        Ok::<_, HandlerError>(PanicsOnDrop("an output let go on an idle pool"))
+                    }),
+            );
+            let unread: Vec<_> = (0..TASKS)
+                .map(|_| pool.submit(DOOMED_OUTPUT.task(())).unwrap())
+                .collect();
+            pool.wait_idle();
+            drop(unread);
+            pool.wait_idle();
+            assert_workers_alive(&pool, 1, "after let-go outputs panicked");
+            shut_down(&pool);
+        },
+    );
+}
+
 /// Issue 7, item 4, for payloads: a payload's `Drop` calls `stats()` and `submit`. The payload
 /// is dropped in four places, and none of them may deadlock: after its task succeeds; on a
 /// cancel before the task runs; when a duplicate idempotency key refuses it; and when the

@@ -359,3 +359,36 @@ fn check_outcome(seed: u64, n: u64, handle: &tasq::TaskHandle<Tracked>) {
         Outcome::Cancelled(_) => {}
     }
 }
+
+/// Unread handles dropped on an idle pool let their outputs go without waiting for another
+/// task to end: the dropping thread takes the drops in itself every few hundred, and
+/// `wait_idle` takes in the rest. Only the outputs of the tasks retention still remembers stay
+/// (in their records, until retention forgets them).
+#[test]
+fn an_idle_pool_lets_the_outputs_of_dropped_unread_handles_go() {
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    const TASKS: usize = 10_000;
+    const RETENTION: usize = 10;
+    let pool = pool(RETENTION, None);
+    let handles: Vec<_> = (0..TASKS)
+        .map(|_| pool.submit(MAKE.task(&DROPS)).unwrap())
+        .collect();
+    pool.wait_idle();
+    assert_eq!(pool.stats().totals.succeeded, TASKS as u64);
+    assert_eq!(
+        DROPS.load(Ordering::SeqCst),
+        0,
+        "kept for the unread handles"
+    );
+    let live = || TASKS - DROPS.load(Ordering::SeqCst);
+
+    drop(handles);
+    // No task runs any more: the dropping thread took most drops in.
+    assert!(live() < 1000, "{} outputs live after the drops", live());
+    pool.wait_idle();
+    assert_eq!(live(), RETENTION, "only the remembered tasks' outputs stay");
+    pool.check_invariants().unwrap();
+    pool.shutdown(Duration::from_secs(10));
+    drop(pool);
+    assert_eq!(live(), 0);
+}

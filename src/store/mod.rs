@@ -194,6 +194,11 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     /// What this store's handles share.
     fn hub(&self) -> &Arc<Hub>;
 
+    /// Takes in the drops of unread handles queued on the hub (see `hub.rs`), now: called by
+    /// a handle's drop when many are queued and nobody took them in (an idle pool). Nothing to
+    /// do for a store whose handles always hold their completion (they never queue a drop).
+    fn take_in_dropped(&self) {}
+
     fn stats(&self) -> Stats;
 
     /// Each registered type's backlog, in registry order. May cost a scan of the ready tasks.

@@ -331,9 +331,8 @@ impl MemoryStore {
     /// Takes in the drops of unread handles (see `hub.rs`); the outcomes kept for them go to
     /// `effects`, to be dropped once the lock is released.
     fn take_dropped(&self, state: &mut State, effects: &mut Effects) {
-        while let Some(seq) = self.hub.take_dropped() {
-            state.handle_dropped(seq, effects);
-        }
+        self.hub
+            .take_dropped(|seq| state.handle_dropped(seq, effects));
     }
 
     /// [`take_in`](Self::take_in) and [`take_dropped`](Self::take_dropped).
@@ -408,24 +407,36 @@ impl MemoryStore {
     /// (`Instant::now()`), whatever the pool's clock: it bounds how long the caller blocks, and
     /// on a manual clock nobody may move the pool's time. Changes of the state and a manual
     /// clock's advance notify `done_cv` (rules 5 and 6); the timed wait only marks the deadline.
+    ///
+    /// Takes in the drops of unread handles as it goes: an idle pool has no worker finishing
+    /// tasks to do it, and a caller waiting for the pool to settle expects what it let go to
+    /// be gone. The outcomes they free are dropped once the lock is released.
     fn wait_until_done(
         &self,
         deadline: Option<Instant>,
         done: impl Fn(&mut State, Instant) -> bool,
     ) -> Result<(), WaitError> {
-        let mut state = self.state.lock();
-        loop {
-            let now = self.clock.now();
-            self.flush_locked(&mut state, now);
-            if done(&mut state, now) {
-                return Ok(());
+        let mut dropped = Effects::default();
+        let result = {
+            let mut state = self.state.lock();
+            loop {
+                let now = self.clock.now();
+                self.flush_locked(&mut state, now);
+                self.take_dropped(&mut state, &mut dropped);
+                if done(&mut state, now) {
+                    break Ok(());
+                }
+                match deadline {
+                    Some(deadline) if Instant::now() >= deadline => {
+                        break Err(WaitError::TimedOut);
+                    }
+                    Some(deadline) => self.done_cv.wait_until(&mut state, deadline),
+                    None => self.done_cv.wait(&mut state),
+                }
             }
-            match deadline {
-                Some(deadline) if Instant::now() >= deadline => return Err(WaitError::TimedOut),
-                Some(deadline) => self.done_cv.wait_until(&mut state, deadline),
-                None => self.done_cv.wait(&mut state),
-            }
-        }
+        };
+        dropped.apply();
+        result
     }
 }
 
@@ -477,6 +488,13 @@ impl Store for MemoryStore {
 
     fn hub(&self) -> &Arc<Hub> {
         &self.hub
+    }
+
+    /// A transition that does nothing but move the intake in (so that the drops find their
+    /// tasks' records, as after a finished task) and take the drops in; the outcomes go once
+    /// the lock is released.
+    fn take_in_dropped(&self) {
+        self.transition(|_, _, _| ());
     }
 
     fn stats(&self) -> Stats {
@@ -822,9 +840,8 @@ impl Drop for MemoryStore {
     fn drop(&mut self) {
         let mut effects = Effects::default();
         let state = self.state.get_mut();
-        while let Some(seq) = self.hub.take_dropped() {
-            state.handle_dropped(seq, &mut effects);
-        }
+        self.hub
+            .take_dropped(|seq| state.handle_dropped(seq, &mut effects));
         let mut kept = state.take_kept();
         // Left in the intake (never, once the pool stopped: `stop` took it in): cancelled.
         self.intake.drain(|entry| {
