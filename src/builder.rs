@@ -251,6 +251,9 @@ pub struct Builder<S = Embedded> {
     pending: Vec<Pending>,
     duplicate: Option<&'static str>,
     retention: Retention,
+    /// `retention` or `dead_letter_limit` was called: refused by a durable pool, whose policy is
+    /// the schema's (`postgres::set_policy`).
+    retention_set: bool,
     clock: Clock,
     seed: Option<u64>,
     thread_name: String,
@@ -294,6 +297,7 @@ impl Builder<Embedded> {
                 max_age: Some(Duration::from_secs(3600)),
                 max_dead_letters: 10_000,
             },
+            retention_set: false,
             clock: Clock::System,
             seed: None,
             thread_name: "tasq-worker".to_owned(),
@@ -447,6 +451,7 @@ impl Builder<Embedded> {
             pending: self.pending,
             duplicate: self.duplicate,
             retention: self.retention,
+            retention_set: self.retention_set,
             clock: self.clock,
             seed: self.seed,
             thread_name: self.thread_name,
@@ -631,6 +636,15 @@ impl Builder<crate::postgres::Postgres> {
     ///
     /// See [`Builder::postgres`].
     pub fn build(self) -> Result<Pool, BuildError> {
+        if self.retention_set {
+            // One truth per schema: a process's own setting would delete what the fleet keeps.
+            return Err(invalid(
+                "retention (and the dead-letter limit)",
+                "a durable pool",
+                "is the schema's policy, the same for every process: set it with \
+                 tasq::postgres::set_policy",
+            ));
+        }
         let (registry, threads, mut rest) = self.check(true)?;
         let monitor = Monitor::new(
             &mut rest.watch,
@@ -646,7 +660,6 @@ impl Builder<crate::postgres::Postgres> {
             rest.store,
             threads.count,
             rest.clock,
-            rest.retention,
             monitor.events.clone(),
         )?;
         start(store, monitor, rest.watch, timed, &threads)
@@ -856,7 +869,9 @@ impl<S> Builder<S> {
     /// Records beyond `max_count`, or older than `max_age`, are dropped, oldest first, whenever
     /// a task finishes. Handles keep their outcomes regardless, and dead letters have their own
     /// limit ([`dead_letter_limit`](Builder::dead_letter_limit)). Defaults to 10,000 tasks and one
-    /// hour.
+    /// hour. Embedded pools only: a durable pool's retention is its schema's policy, the same for
+    /// every process (`tasq::postgres::set_policy`, feature `postgres`), and a durable builder
+    /// given this refuses to build ([`BuildError::InvalidSetting`]).
     ///
     /// # Examples
     ///
@@ -868,6 +883,7 @@ impl<S> Builder<S> {
     pub fn retention(mut self, max_count: usize, max_age: Option<Duration>) -> Self {
         self.retention.max_count = max_count;
         self.retention.max_age = max_age;
+        self.retention_set = true;
         self
     }
 
@@ -904,6 +920,7 @@ impl<S> Builder<S> {
     /// [`retention`](Builder::retention) of finished tasks, until it is taken
     /// ([`Pool::take_dead_letter`]), resubmitted ([`Pool::resubmit`]) or purged
     /// ([`Pool::purge_dead_letter`]); past this many, the oldest are dropped. Defaults to 10,000.
+    /// Embedded pools only, as [`retention`](Builder::retention).
     ///
     /// [`Pool::take_dead_letter`]: crate::Pool::take_dead_letter
     /// [`Pool::resubmit`]: crate::Pool::resubmit
@@ -929,6 +946,7 @@ impl<S> Builder<S> {
     /// ```
     pub fn dead_letter_limit(mut self, max: usize) -> Self {
         self.retention.max_dead_letters = max;
+        self.retention_set = true;
         self
     }
 

@@ -95,7 +95,9 @@ pub use builder::{Builder, Embedded, TypeOptions};
 /// processes. Build a pool on it with [`Builder::postgres`].
 #[cfg(feature = "postgres")]
 pub mod postgres {
-    pub use crate::store::postgres::{Postgres, SCHEMA_VERSION, migrate};
+    pub use crate::store::postgres::{
+        Policy, Postgres, SCHEMA_VERSION, migrate, policy, set_policy,
+    };
 
     #[doc(hidden)]
     pub use crate::store::postgres::testing;

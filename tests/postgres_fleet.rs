@@ -376,3 +376,165 @@ fn a_schema_with_the_longest_legal_name_notifies() {
     assert!(words.contains(&"ready".to_owned()), "{words:?}");
     pool.shutdown(Duration::from_secs(10));
 }
+
+/// The cleaner's role as its row holds it: (holder, whether its term is still running).
+fn cleaner(db: &TestDb) -> Option<(String, bool)> {
+    db.client()
+        .query_opt(
+            "SELECT holder, expires_at > now() FROM tasq_leader WHERE role = 'cleaner'",
+            &[],
+        )
+        .unwrap()
+        .map(|row| (row.get(0), row.get(1)))
+}
+
+/// Polls `done` every 20 ms; fails after 20 s (a hang guard, far beyond the 5 s term and the
+/// cleaner's 1 s pass).
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < give_up, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn echo_pool(db: &TestDb) -> Pool {
+    Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .poll_interval(Duration::from_millis(20))
+        .register(FLAKY, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .build()
+        .unwrap()
+}
+
+/// Retention and the dead-letter limit are the schema's: a durable builder given its own
+/// refuses to build, the policy reads back as set, and a pool built with the defaults keeps
+/// what the fleet's policy keeps (a succeeded key still deduplicates after its cleaner ran).
+#[test]
+fn a_pool_with_the_defaults_deletes_nothing_the_fleet_keeps() {
+    let Some(db) = TestDb::new() else { return };
+    for builder in [
+        Pool::builder().retention(10, None).postgres(db.url.clone()),
+        Pool::builder()
+            .postgres(db.url.clone())
+            .dead_letter_limit(1),
+    ] {
+        let refused = builder
+            .register(FLAKY, |_, n: &u32| Ok::<_, HandlerError>(*n))
+            .build();
+        assert!(
+            matches!(refused, Err(tasq::BuildError::InvalidSetting { .. })),
+            "{refused:?}"
+        );
+    }
+    let keep_all = tasq::postgres::Policy::default()
+        .finished_max_age(None)
+        .dead_letter_limit(None);
+    tasq::postgres::set_policy(&db.url, &keep_all).unwrap();
+    assert_eq!(tasq::postgres::policy(&db.url).unwrap(), keep_all);
+
+    let fleet = echo_pool(&db);
+    let charged = fleet.submit(FLAKY.task(1).key("order-17")).unwrap();
+    assert_eq!(charged.wait().succeeded(), Some(1));
+    // Old enough for the default policy (24 hours) to delete it.
+    db.client()
+        .execute(
+            "UPDATE tasq_tasks SET finished_at = now() - interval '30 days'",
+            &[],
+        )
+        .unwrap();
+    fleet.shutdown(Duration::from_secs(10));
+    let stray = echo_pool(&db);
+    // The stray pool leads the cleaner (the fleet's pool gave it up), and has renewed its term
+    // after a pass.
+    eventually("the stray pool holds the cleaner", || {
+        cleaner(&db).is_some_and(|(_, running)| running)
+    });
+    let (holder, _) = cleaner(&db).unwrap();
+    let first: std::time::SystemTime = db
+        .client()
+        .query_one(
+            "SELECT expires_at FROM tasq_leader WHERE role = 'cleaner'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    eventually("the stray pool renews its term after a pass", || {
+        let later: std::time::SystemTime = db
+            .client()
+            .query_one(
+                "SELECT expires_at FROM tasq_leader WHERE role = 'cleaner'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        later > first
+    });
+    assert_eq!(cleaner(&db).unwrap().0, holder);
+    let again = stray.submit(FLAKY.task(1).key("order-17")).unwrap();
+    assert!(again.is_duplicate(), "the order was charged twice");
+    assert_eq!(again.id(), charged.id());
+    stray.shutdown(Duration::from_secs(10));
+}
+
+/// The dead-letter limit is the schema's, applied as each task fails, whatever the pool.
+#[test]
+fn the_dead_letter_limit_is_the_schema_s() {
+    let Some(db) = TestDb::new() else { return };
+    db.change_policy(|p| p.dead_letter_limit(Some(2)));
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(FLAKY, |_, _: &u32| {
+            Err::<u32, _>(HandlerError::permanent("no"))
+        })
+        .build()
+        .unwrap();
+    let ids: Vec<_> = (0..3)
+        .map(|n| {
+            let handle = pool.submit(FLAKY.task(n)).unwrap();
+            assert!(handle.wait().is_failed());
+            handle.id()
+        })
+        .collect();
+    let kept: Vec<_> = pool.dead_letters().iter().map(|d| d.id).collect();
+    assert_eq!(kept, ids[1..].to_vec());
+    pool.shutdown(Duration::from_secs(10));
+}
+
+/// One pool at a time holds the cleaner; a pool that shuts down gives it up, and a lease left
+/// by a dead process is taken over once its term runs out.
+#[test]
+fn one_pool_at_a_time_runs_the_cleaner_with_fail_over() {
+    let Some(db) = TestDb::new() else { return };
+    let pools: Vec<Pool> = (0..3).map(|_| echo_pool(&db)).collect();
+    eventually("a pool holds the cleaner", || cleaner(&db).is_some());
+    let (first, _) = cleaner(&db).unwrap();
+    let count: i64 = db
+        .client()
+        .query_one("SELECT count(*) FROM tasq_leader", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 1);
+    for pool in pools {
+        pool.shutdown(Duration::from_secs(10));
+    }
+    eventually("the last pool to stop gave the role up", || {
+        cleaner(&db).is_none()
+    });
+
+    // A process that died holding the role: its term runs out, then a live pool takes it.
+    db.client()
+        .execute(
+            "INSERT INTO tasq_leader VALUES ('cleaner', 'dead:0', now() + interval '1 second')",
+            &[],
+        )
+        .unwrap();
+    let pool = echo_pool(&db);
+    eventually("a live pool took over from the dead one", || {
+        cleaner(&db).is_some_and(|(holder, running)| holder != "dead:0" && running)
+    });
+    assert_ne!(cleaner(&db).unwrap().0, first);
+    pool.shutdown(Duration::from_secs(10));
+}

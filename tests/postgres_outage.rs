@@ -85,6 +85,8 @@ fn the_database_away_for_30_seconds_loses_nothing() {
         .unwrap();
     let url = db.url.clone();
     let (alerts, heard) = crossbeam_channel::unbounded();
+    // Every row stays (the schema's policy, for every pool on it).
+    db.change_policy(|p| p.finished_max_age(None));
     let pool = Pool::builder()
         .postgres(db.url.clone())
         .workers(2)
@@ -95,7 +97,6 @@ fn the_database_away_for_30_seconds_loses_nothing() {
             Duration::from_secs(2),
         ))
         .max_attempts(1_000)
-        .retention(usize::MAX, None)
         .quiet_panics(true)
         .alert(Alert::ready_depth(100))
         .monitor_interval(Duration::from_millis(100))

@@ -109,8 +109,6 @@ fn worker_process() {
         .workers(workers)
         .lease(lease)
         .poll_interval(Duration::from_millis(100))
-        // Every row stays: the test counts them at the end.
-        .retention(usize::MAX, None)
         .quiet_panics(true)
         .breaker("svc", Breaker::new(3, Duration::from_millis(100)))
         .register_with(
@@ -303,10 +301,11 @@ fn wait_all_succeeded(handles: &[TaskHandle<()>]) {
 
 /// A producer: a durable pool with no workers, in the test's process.
 fn producer(db: &TestDb) -> Pool {
+    // Every row stays: the test counts them at the end (the schema's policy, for every pool).
+    db.change_policy(|p| p.finished_max_age(None));
     Pool::builder()
         .postgres(db.url.clone())
         .workers(0)
-        .retention(usize::MAX, None)
         .declare(EFFECT, TypeOptions::new())
         .declare(HOLD, TypeOptions::new())
         // The task's settings are the producer's: its attempts as the workers register them.

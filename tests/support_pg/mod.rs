@@ -132,6 +132,15 @@ impl TestDb {
             .len() as u64
     }
 
+    /// Changes the schema's policy (what every pool on it keeps).
+    pub fn change_policy(
+        &self,
+        change: impl FnOnce(tasq::postgres::Policy) -> tasq::postgres::Policy,
+    ) {
+        let policy = tasq::postgres::policy(&self.url).expect("read the policy");
+        tasq::postgres::set_policy(&self.url, &change(policy)).expect("set the policy");
+    }
+
     /// A client on this test's schema, to look at the rows.
     pub fn client(&self) -> Client {
         Client::connect(&self.url, NoTls).expect("connect to PostgreSQL")

@@ -116,8 +116,6 @@ impl TestBuilder {
         fn workers(n: usize);
         fn max_attempts(n: u32);
         fn retry_policy(policy: RetryPolicy);
-        fn retention(max_count: usize, max_age: Option<Duration>);
-        fn dead_letter_limit(max: usize);
         fn manual_clock(clock: ManualClock);
         fn seed(seed: u64);
         fn quiet_panics(quiet: bool);
@@ -127,6 +125,33 @@ impl TestBuilder {
         fn alert(alert: tasq::Alert);
         fn stuck_after(grace: Duration);
         fn monitor_interval(interval: Duration);
+    }
+
+    /// Sets how many finished tasks the pool remembers, and how long: the builder's on the
+    /// embedded store, the schema's policy on the durable store (`usize::MAX`: no count limit).
+    pub fn retention(self, max_count: usize, max_age: Option<Duration>) -> Self {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b.retention(max_count, max_age)),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => {
+                let count = (max_count != usize::MAX).then_some(max_count as u64);
+                db.change_policy(|p| p.finished_max_count(count).finished_max_age(max_age));
+                TestBuilder::Postgres(b, db)
+            }
+        }
+    }
+
+    /// Sets how many dead letters are kept: the builder's on the embedded store, the schema's
+    /// policy on the durable store.
+    pub fn dead_letter_limit(self, max: usize) -> Self {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b.dead_letter_limit(max)),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => {
+                db.change_policy(|p| p.dead_letter_limit(Some(max as u64)));
+                TestBuilder::Postgres(b, db)
+            }
+        }
     }
 
     /// Calls `hook` with every event of the pool (see `Builder::on_event`).

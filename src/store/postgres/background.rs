@@ -13,7 +13,7 @@ use postgres::{Client, NoTls};
 
 use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
-use super::{PgStore, rows};
+use super::{PgStore, leader, rows};
 use crate::cancel::Interrupt;
 use crate::sync::{self, Arc};
 use crate::task::Failure;
@@ -57,9 +57,16 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
     let heartbeat_every = (store.lease / 3).max(Duration::from_millis(50));
     let reap_every = (store.lease / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let step = store.poll_interval.min(Duration::from_millis(200));
+    let candidate = leader::Candidate::new();
+    let mut resigned = false;
     loop {
         // Once the pool stops, only the outcomes of what local handles still wait for matter.
         let stopping = store.local.lock().stopping;
+        if stopping && !resigned {
+            // Another pool takes the roles at its next pass.
+            candidate.resign(store, leader::CLEANER);
+            resigned = true;
+        }
         if stopping && !store.has_waiters() {
             return;
         }
@@ -96,7 +103,9 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
         }
         if now.duration_since(timers.retain) >= Duration::from_secs(1) {
             timers.retain = now;
-            let _ = retain(store);
+            if candidate.hold(store, leader::CLEANER) {
+                let _ = retain(store);
+            }
         }
         // Also before each claim: here it keeps the priorities aged while the fetcher waits,
         // for the processes that claim these types without aging of their own.
@@ -215,31 +224,36 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
     store.with_conn(|c| {
         let mut tx = c.transaction()?;
         let rows = tx.query(
+            // Every decision comes from the row as this statement updates it (the SET's `t`,
+            // which PostgreSQL re-reads once the row is locked), never from the snapshot the
+            // statement started with: a cancel that committed between the two would otherwise
+            // be lost (the row sent back to `ready` with its cancel request still set).
             "WITH expired AS (
                  SELECT id FROM tasq_tasks
                  WHERE status = 'running' AND lease_until < now()
                  ORDER BY lease_until LIMIT 1000
                  FOR UPDATE SKIP LOCKED
-             ), ended AS (
-                 SELECT t.id,
-                        CASE WHEN t.cancel_requested IS NOT NULL THEN 'cancelled'
-                             WHEN t.attempts >= t.max_attempts THEN 'failed'
-                             ELSE 'ready' END AS status
-                 FROM tasq_tasks t JOIN expired e ON e.id = t.id
              )
              UPDATE tasq_tasks t SET
-                 status = ended.status,
-                 dead = ended.status = 'failed',
-                 failure_reason = CASE WHEN ended.status = 'failed' THEN 'lease_expired' END,
-                 last_error = CASE WHEN ended.status = 'cancelled' THEN t.last_error
+                 status = CASE WHEN t.cancel_requested IS NOT NULL THEN 'cancelled'
+                               WHEN t.attempts >= t.max_attempts THEN 'failed'
+                               ELSE 'ready' END,
+                 dead = t.cancel_requested IS NULL AND t.attempts >= t.max_attempts,
+                 failure_reason = CASE WHEN t.cancel_requested IS NULL
+                                        AND t.attempts >= t.max_attempts
+                                       THEN 'lease_expired' END,
+                 last_error = CASE WHEN t.cancel_requested IS NOT NULL THEN t.last_error
                      ELSE 'the lease expired before its worker finished (attempt '
                           || t.attempts || ')' END,
-                 cancel_reason = CASE WHEN ended.status = 'cancelled' THEN t.cancel_requested END,
-                 finished_at = CASE WHEN ended.status <> 'ready' THEN tasq_now() END,
-                 run_at = CASE WHEN ended.status = 'ready' THEN tasq_now() ELSE t.run_at END,
+                 cancel_reason = t.cancel_requested,
+                 finished_at = CASE WHEN t.cancel_requested IS NOT NULL
+                                     OR t.attempts >= t.max_attempts THEN tasq_now() END,
+                 run_at = CASE WHEN t.cancel_requested IS NULL AND t.attempts < t.max_attempts
+                               THEN tasq_now() ELSE t.run_at END,
                  priority = COALESCE(t.base_priority, t.priority), base_priority = NULL,
                  lease_id = NULL, lease_until = NULL
-             FROM ended WHERE t.id = ended.id
+             FROM expired
+             WHERE t.id = expired.id AND t.status = 'running' AND t.lease_until < now()
              RETURNING t.id, t.status, t.has_dependents, t.type, t.attempts, t.last_error,
                        t.failure_reason",
             &[],
@@ -265,7 +279,7 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
             }
         }
         if rows.iter().any(|row| row.get::<_, &str>(1) == "failed") {
-            enforce_dead_letter_limit(&mut tx, store.max_dead_letters())?;
+            enforce_dead_letter_limit(&mut tx)?;
         }
         notify_changes(&mut tx, ready, &done)?;
         tx.commit()?;
@@ -284,27 +298,38 @@ pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
     })
 }
 
-/// Deletes finished rows past retention (not dead letters), in batches, and ends the dead
-/// letters beyond the limit (their rows then age out like any finished task).
+/// The cleaner (run by the leader only, see `leader.rs`): applies the queue's policy as the
+/// schema holds it now (see `policy.rs`): ends the dead letters beyond the limit, then deletes
+/// finished rows (not dead letters) past the age or count, in batches of 1,000, each through
+/// the `tasq_finished` index from its oldest end.
 fn retain(store: &PgStore) -> Result<(), String> {
-    let retention = store.retention;
-    store.with_conn(|c| enforce_dead_letter_limit(c, store.max_dead_letters()))?;
-    let max_count = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
-    let max_age = retention.max_age.map(rows::micros);
+    let policy = store.with_conn(|c| {
+        enforce_dead_letter_limit(c)?;
+        let row = c.query_one(super::policy::READ, &[])?;
+        Ok(super::policy::of_row(&row))
+    })?;
+    let max_age = policy.finished_max_age_value().map(rows::micros);
+    let max_count = policy
+        .finished_max_count_value()
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+    if max_age.is_none() && max_count.is_none() {
+        return Ok(());
+    }
     loop {
         let deleted = store.with_conn(|c| {
             let mut tx = c.transaction()?;
             let rows = tx.query(
-                "WITH finished AS (
-                     SELECT id, finished_at FROM tasq_tasks
-                     WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead
-                 ), old AS (
-                     (SELECT id FROM finished
-                      WHERE $2::BIGINT IS NOT NULL
+                "WITH old AS (
+                     (SELECT id FROM tasq_tasks
+                      WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead
+                        AND $2::BIGINT IS NOT NULL
                         AND finished_at <= tasq_now() - interval '1 microsecond' * $2::BIGINT
-                      LIMIT 1000)
+                      ORDER BY finished_at LIMIT 1000)
                      UNION
-                     (SELECT id FROM finished ORDER BY finished_at DESC OFFSET $1 LIMIT 1000)
+                     (SELECT id FROM tasq_tasks
+                      WHERE status IN ('succeeded', 'failed', 'cancelled') AND NOT dead
+                        AND $1::BIGINT IS NOT NULL
+                      ORDER BY finished_at DESC OFFSET $1 LIMIT 1000)
                  )
                  DELETE FROM tasq_tasks t USING old WHERE t.id = old.id RETURNING t.id",
                 &[&max_count, &max_age],

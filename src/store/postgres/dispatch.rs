@@ -419,7 +419,7 @@ impl PgStore {
         }
         self.with_conn_at(ended_at, |c| {
             let mut tx = c.transaction()?;
-            let written = write_ending_tx(&mut tx, seq, lease, ending, self.max_dead_letters())?;
+            let written = write_ending_tx(&mut tx, seq, lease, ending)?;
             tx.commit()?;
             Ok(written)
         })
@@ -433,7 +433,6 @@ pub(super) fn write_ending_tx(
     seq: i64,
     lease: i64,
     ending: &Ending,
-    max_dead_letters: i64,
 ) -> Result<Option<(TaskState, u64)>, postgres::Error> {
     let Some(row) = tx.query_opt(
         "SELECT cancel_requested, has_dependents FROM tasq_tasks
@@ -518,7 +517,7 @@ pub(super) fn write_ending_tx(
                 ],
             )?;
             cascade_ended(tx, seq, "failed", has_dependents, &mut done)?;
-            enforce_dead_letter_limit(tx, max_dead_letters)?;
+            enforce_dead_letter_limit(tx)?;
             TaskState::Failed
         }
     };
@@ -528,16 +527,17 @@ pub(super) fn write_ending_tx(
     Ok(Some((state, cascaded)))
 }
 
-/// Keeps the newest `max` dead letters; the older ones stop being dead letters and lose their
-/// payloads (their rows then age out like any finished task's).
-pub(super) fn enforce_dead_letter_limit(
-    tx: &mut impl Sql,
-    max: i64,
-) -> Result<u64, postgres::Error> {
+/// Keeps the newest dead letters, as many as the queue's policy says (as the schema holds it
+/// now, not as this process was built: see `policy.rs`); the older ones stop being dead letters
+/// and lose their payloads (their rows then age out like any finished task's).
+pub(super) fn enforce_dead_letter_limit(tx: &mut impl Sql) -> Result<u64, postgres::Error> {
     tx.execute(
         "UPDATE tasq_tasks SET dead = false, payload = NULL
-         WHERE id IN (SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC OFFSET $1)",
-        &[&max],
+         WHERE id IN (
+             SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC
+             OFFSET (SELECT dead_letter_limit FROM tasq_schema)
+         ) AND (SELECT dead_letter_limit FROM tasq_schema) IS NOT NULL",
+        &[],
     )
 }
 
@@ -822,7 +822,12 @@ pub(super) fn revive(
 
 /// The durable store's invariants, checked over the whole table (for tests).
 pub(super) fn check_invariants(store: &PgStore) -> Result<(), String> {
-    let checks: [(&str, &str); 6] = [
+    let checks: [(&str, &str); 7] = [
+        (
+            "a task waiting to run carries no cancel request (a cancel ends it at once)",
+            "SELECT count(*) FROM tasq_tasks
+             WHERE status IN ('blocked', 'ready') AND cancel_requested IS NOT NULL",
+        ),
         (
             "a running task holds a lease",
             "SELECT count(*) FROM tasq_tasks WHERE status = 'running'

@@ -44,8 +44,12 @@ mod background;
 mod conn;
 mod dispatch;
 mod gates;
+mod leader;
+mod policy;
 mod rows;
 mod schema;
+
+pub use self::policy::{Policy, policy, set_policy};
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -66,7 +70,6 @@ use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
-use crate::store::memory::Retention;
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use crate::task::{CancelOutcome, CancelReason, Start, TaskId, TaskState};
@@ -245,7 +248,6 @@ pub(crate) struct PgStore {
     url: String,
     lease: Duration,
     poll_interval: Duration,
-    retention: Retention,
     /// With a manual clock: the database's time when that clock was made, in microseconds since
     /// the epoch; `tasq_now()` is that plus how far the clock moved.
     manual_base_us: Option<i64>,
@@ -285,7 +287,6 @@ impl PgStore {
         settings: Postgres,
         workers: usize,
         clock: Clock,
-        retention: Retention,
         events: Events,
     ) -> Result<Arc<PgStore>, BuildError> {
         if let Some(entry) = (0..registry.len())
@@ -344,7 +345,6 @@ impl PgStore {
             url: settings.url,
             lease: settings.lease,
             poll_interval: settings.poll_interval,
-            retention,
             manual_base_us,
             prefetch,
             types,
@@ -644,11 +644,6 @@ impl PgStore {
         }
     }
 
-    /// The dead-letter limit, as the statements take it.
-    fn max_dead_letters(&self) -> i64 {
-        i64::try_from(self.retention.max_dead_letters).unwrap_or(i64::MAX)
-    }
-
     /// Fires the token of a task running here whose cancel was asked for.
     fn fire_local(&self, seq: i64) {
         let token = self.local.lock().running.get(&seq).map(|h| h.token.clone());
@@ -845,40 +840,55 @@ fn insert_task(
         None => ("ready", None, None),
     };
     let pending_count = i32::try_from(pending.len()).unwrap_or(i32::MAX);
-    let row = tx.query_opt(
-        "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
-                                 pending_deps, cancel_reason, cancel_cause, finished_at,
-                                 retry_base_us, retry_cap_us, timeout_us)
-         VALUES ($1, $2, $3, $4, $5, tasq_now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
-                 CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13)
-         ON CONFLICT (key) WHERE key IS NOT NULL
-             AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
-         RETURNING id",
-        &[
-            &task.key,
-            &task.type_name,
-            task.payload,
-            &task.priority,
-            &status,
-            &task.delay_us,
-            &task.settings.0,
-            &pending_count,
-            &reason,
-            &cause,
-            &task.settings.1,
-            &task.settings.2,
-            &task.settings.3,
-        ],
-    )?;
-    let Some(row) = row else {
+    // Rounds: the key's holder may end or be deleted between the insert's conflict and the
+    // lookup (it committed, then another transaction cancelled or pruned it). The key is free
+    // again then, and the insert is tried again; a holder found is locked, so it stays until
+    // this transaction commits.
+    let mut rounds = 0;
+    let row = loop {
+        let inserted = tx.query_opt(
+            "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
+                                     pending_deps, cancel_reason, cancel_cause, finished_at,
+                                     retry_base_us, retry_cap_us, timeout_us)
+             VALUES ($1, $2, $3, $4, $5, tasq_now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
+                     CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13)
+             ON CONFLICT (key) WHERE key IS NOT NULL
+                 AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
+             RETURNING id",
+            &[
+                &task.key,
+                &task.type_name,
+                task.payload,
+                &task.priority,
+                &status,
+                &task.delay_us,
+                &task.settings.0,
+                &pending_count,
+                &reason,
+                &cause,
+                &task.settings.1,
+                &task.settings.2,
+                &task.settings.3,
+            ],
+        )?;
+        if let Some(row) = inserted {
+            break row;
+        }
         // Another transaction took the key since the check: that task is the one.
-        let row = tx.query_one(
+        let holder = tx.query_opt(
             "SELECT id, type FROM tasq_tasks WHERE key = $1
-             AND status IN ('blocked', 'ready', 'running', 'succeeded')",
+             AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR SHARE",
             &[&task.key],
         )?;
-        let key = task.key.unwrap_or_default();
-        return Ok(key_holder(queue, key, task.type_name, &row));
+        if let Some(row) = holder {
+            let key = task.key.unwrap_or_default();
+            return Ok(key_holder(queue, key, task.type_name, &row));
+        }
+        rounds += 1;
+        if rounds == 100 {
+            let error = "the idempotency key changed hands 100 times during one submit";
+            return Ok(Err(SubmitErrorKind::Store(error.to_owned())));
+        }
     };
     let id: i64 = row.get(0);
     // An edge from every dependency the table still has, ended or not: a dependency that failed
@@ -1198,13 +1208,7 @@ impl Store for PgStore {
         let mut savepoint = tx.savepoint("tasq_succeed")?;
         let callers_now = self.set_callers_now(&mut savepoint)?;
         let ending = dispatch::Ending::Succeeded(output, Box::new(()));
-        let written = dispatch::write_ending_tx(
-            &mut savepoint,
-            seq,
-            lease,
-            &ending,
-            self.max_dead_letters(),
-        )?;
+        let written = dispatch::write_ending_tx(&mut savepoint, seq, lease, &ending)?;
         Self::restore_callers_now(&mut savepoint, callers_now)?;
         savepoint.commit()?;
         Ok(written.is_some_and(|(state, _)| state == TaskState::Succeeded))

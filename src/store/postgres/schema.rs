@@ -140,6 +140,9 @@ CREATE TABLE IF NOT EXISTS tasq_gates (
 ///   are the task's settings, fixed by the pool that submits it and obeyed by every process that
 ///   claims, retries, reaps or resubmits it (see `rows::settings_of`). NULL, in a row inserted
 ///   by hand or before this version, takes the claiming pool's registration. No backfill.
+/// * `tasq_schema` holds the queue's policy (`policy.rs`): how long finished rows stay, how
+///   many, and how many dead letters; `tasq_leader` the lease of the one process that applies it
+///   (`leader.rs`).
 /// * `tasq_channel()` names the queue's notification channel: `tasq_` and the schema's name, or,
 ///   for a name too long for that to fit PostgreSQL's 63-byte identifiers, `tasq_` and the
 ///   name's MD5 (before this version the channel was always `tasq_<schema>`, and every notify
@@ -150,6 +153,19 @@ ALTER TABLE tasq_tasks
     ADD COLUMN retry_base_us BIGINT,
     ADD COLUMN retry_cap_us BIGINT,
     ADD COLUMN timeout_us BIGINT;
+
+-- The queue's policy (see `policy.rs`), one value for every process: what the cleaner keeps.
+ALTER TABLE tasq_schema
+    ADD COLUMN finished_max_age_us BIGINT DEFAULT 86400000000,
+    ADD COLUMN finished_max_count BIGINT,
+    ADD COLUMN dead_letter_limit BIGINT DEFAULT 10000;
+
+-- Leases of the roles that one process of the fleet runs at a time (see `leader.rs`).
+CREATE TABLE IF NOT EXISTS tasq_leader (
+    role       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
 
 -- OR REPLACE: a schema whose tables were dropped by hand (to start over) may keep it.
 CREATE OR REPLACE FUNCTION tasq_channel() RETURNS TEXT LANGUAGE sql STABLE AS $$

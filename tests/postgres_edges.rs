@@ -1,0 +1,156 @@
+//! The edges a fleet lives on (issue 20, section 3), each reproduced against the real server:
+//! a key holder that vanishes under a waiting submit, a reaper racing a cancel.
+
+mod support_pg;
+
+use std::time::{Duration, Instant};
+
+use tasq::{HandlerError, Pool, TaskType, TypeOptions};
+
+use support_pg::TestDb;
+
+const JOB: TaskType<u32, u32> = TaskType::new("job");
+
+/// Polls `done` every 2 ms; fails after 20 s (a hang guard).
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < give_up, "never: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Edge 1. A submit of key K waits on another session's uncommitted insert of K; that session
+/// commits, and at once the task is cancelled (or deleted, as retention would) before the
+/// waiting submit looks its holder up. The submit must insert, or return the live holder;
+/// before the fix it failed now and then with "query returned an unexpected number of rows".
+/// Each round gives the race one chance; the rounds alternate a cancel and a delete.
+#[test]
+fn a_key_holder_that_vanishes_never_fails_a_submit() {
+    let Some(db) = TestDb::new() else { return };
+    let producer = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .declare(JOB, TypeOptions::new())
+        .build()
+        .unwrap();
+    let (mut holder, mut remover, mut watcher) = (db.client(), db.client(), db.client());
+    let cancel = remover
+        .prepare(
+            "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
+             finished_at = now() WHERE key = $1",
+        )
+        .unwrap();
+    let delete = remover
+        .prepare("DELETE FROM tasq_tasks WHERE key = $1")
+        .unwrap();
+    let (mut inserted, mut duplicates) = (0, 0);
+    for round in 0..150_u32 {
+        let key = format!("k{round}");
+        let mut tx = holder.transaction().unwrap();
+        tx.execute(
+            "INSERT INTO tasq_tasks (key, type, payload, priority, status, max_attempts)
+             VALUES ($1, 'job', '0', 0, 'ready', 3)",
+            &[&key],
+        )
+        .unwrap();
+        let submit = std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| producer.submit(JOB.task(round).key(key.clone())));
+            // The submit's insert waits for the holder's transaction.
+            eventually("the submit waits for the uncommitted key", || {
+                watcher
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                        &[&db.schema()],
+                    )
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    > 0
+            });
+            tx.commit().unwrap();
+            let vanish = if round % 2 == 0 { &cancel } else { &delete };
+            remover.execute(vanish, &[&key]).unwrap();
+            waiting.join().unwrap()
+        });
+        match submit {
+            Ok(handle) if handle.is_duplicate() => duplicates += 1,
+            Ok(_) => inserted += 1,
+            Err(error) => panic!("round {round}: the submit failed: {error}"),
+        }
+    }
+    println!("{inserted} inserted after the holder vanished, {duplicates} found it live");
+    assert_eq!(inserted + duplicates, 150);
+}
+
+/// Edge 2. The reaper returns expired leases while cancels of those very tasks commit: every
+/// decision must come from the row as locked, so a task whose cancel committed is never sent
+/// back to `ready` (with its cancel request still set, to run again). Many rounds of 200 rows
+/// with expired leases, cancelled by SQL as the pool's reaper runs; then no row may be ready or
+/// blocked with a cancel request, and every cancelled one ended `cancelled`.
+#[test]
+fn the_reaper_decides_from_the_row_as_locked() {
+    let Some(db) = TestDb::new() else { return };
+    // The reaper runs every 100 ms; its claims never start (no handler runs a reaped task: the
+    // pool registers another type).
+    const OTHER: TaskType<u32, u32> = TaskType::new("other");
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .lease(Duration::from_millis(200))
+        .register(OTHER, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .build()
+        .unwrap();
+    let mut sql = db.client();
+    let mut cancelled = 0_i64;
+    let started = Instant::now();
+    for _ in 0..30 {
+        sql.batch_execute(
+            "INSERT INTO tasq_tasks (type, payload, priority, status, attempts, max_attempts,
+                                     lease_id, lease_until)
+             SELECT 'job', '0', 0, 'running', 1, 3, nextval('tasq_lease'),
+                    now() - interval '1 second'
+             FROM generate_series(1, 200)",
+        )
+        .unwrap();
+        // One row at a time, as cancels come in: each commits on its own, while the reaper
+        // works through the same rows.
+        for _ in 0..200 {
+            let n = sql
+                .execute(
+                    "UPDATE tasq_tasks SET cancel_requested = 'requested'
+                     WHERE id = (SELECT id FROM tasq_tasks WHERE status = 'running'
+                                 AND type = 'job' AND cancel_requested IS NULL LIMIT 1)",
+                    &[],
+                )
+                .unwrap();
+            cancelled += n as i64;
+        }
+        eventually("the reaper ends every expired lease", || {
+            sql.query_one(
+                "SELECT count(*) FROM tasq_tasks WHERE status = 'running' AND type = 'job'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+                == 0
+        });
+        let lost: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM tasq_tasks
+                 WHERE status IN ('ready', 'blocked') AND cancel_requested IS NOT NULL",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(lost, 0, "a cancel that committed was lost by the reaper");
+        pool.check_invariants().unwrap();
+        sql.batch_execute("DELETE FROM tasq_tasks WHERE type = 'job'")
+            .unwrap();
+    }
+    println!(
+        "{cancelled} cancels raced the reaper in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    pool.shutdown(Duration::from_secs(10));
+}
