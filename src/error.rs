@@ -171,8 +171,11 @@ pub enum SubmitErrorKind {
     /// The durable store could not turn the payload into JSON (its `Serialize` failed).
     #[error("the payload does not serialize: {0}")]
     Unserializable(String),
-    /// The durable store could not reach its database (retried for a minute); the task was not
-    /// added.
+    /// The durable store failed: no working connection within a minute (one is sought with
+    /// backoff, and idle ones are checked before use), or the statement failed (it runs again
+    /// first when the server reports it did nothing: a deadlock's victim, a session the server
+    /// terminated). The task was not added, unless the connection broke as its transaction
+    /// committed; a key makes the submit safe to try again.
     #[error("the store failed: {0}")]
     Store(String),
     /// Only a durable pool can do this (submit inside a database transaction).
@@ -212,8 +215,8 @@ pub enum CancelError {
     /// The pool behind this handle was dropped.
     #[error("the pool of {0} is gone")]
     PoolGone(TaskId),
-    /// The durable store could not reach its database (retried for a minute); the task's state
-    /// is unchanged.
+    /// The durable store failed, as [`SubmitErrorKind::Store`] says; the task's state is
+    /// unchanged unless the connection broke as the cancel committed.
     #[error("cancelling {0} failed in the store: {1}")]
     Store(TaskId, String),
 }
@@ -262,7 +265,8 @@ pub enum ResubmitError {
     /// Shutdown has begun.
     #[error("the pool is shut down (or shutting down)")]
     ShutDown,
-    /// The durable store could not reach its database (retried for a minute); nothing changed.
+    /// The durable store failed, as [`SubmitErrorKind::Store`] says; nothing changed unless the
+    /// connection broke as the resubmit committed.
     #[error("resubmitting {0} failed in the store: {1}")]
     Store(TaskId, String),
 }

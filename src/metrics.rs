@@ -400,6 +400,23 @@ impl Metrics {
         );
         out.sample("tasq_store_errors_total", &[], t.store_errors);
         out.family(
+            "tasq_lapsed_claims_total",
+            "counter",
+            "Claims given back unstarted because they waited past their lease.",
+        );
+        out.sample("tasq_lapsed_claims_total", &[], t.lapsed_claims);
+        out.family(
+            "tasq_claims_total",
+            "counter",
+            "Claims the durable store's fetcher ran, by whether they claimed anything.",
+        );
+        out.sample(
+            "tasq_claims_total",
+            &[("result", "some")],
+            t.claims - t.empty_claims,
+        );
+        out.sample("tasq_claims_total", &[("result", "empty")], t.empty_claims);
+        out.family(
             "tasq_dead_letters_total",
             "counter",
             "Dead letters this process ended, by reason.",

@@ -88,6 +88,16 @@ pub struct Totals {
     /// away): each was retried with backoff, or its error returned to the caller. Always 0 on
     /// the embedded store.
     pub store_errors: u64,
+    /// Claims of the durable store that waited for a worker past their lease (the process
+    /// stalled: a SIGSTOP, a long pause) and were given back unstarted, since another worker may
+    /// already run their tasks. Always 0 on the embedded store.
+    pub lapsed_claims: u64,
+    /// Claim statements (or, with limits or breakers, claim transactions) this pool's fetcher
+    /// ran on the durable store, and how many of them claimed nothing. Always 0 on the
+    /// embedded store.
+    pub claims: u64,
+    /// See [`claims`](Totals::claims).
+    pub empty_claims: u64,
 }
 
 /// What the pool knows of one task.
@@ -207,6 +217,9 @@ impl Totals {
             retried: self.retried - earlier.retried,
             worker_panics: self.worker_panics - earlier.worker_panics,
             store_errors: self.store_errors - earlier.store_errors,
+            lapsed_claims: self.lapsed_claims - earlier.lapsed_claims,
+            claims: self.claims - earlier.claims,
+            empty_claims: self.empty_claims - earlier.empty_claims,
         }
     }
 }

@@ -85,7 +85,7 @@ fn a_key_holder_that_vanishes_never_fails_a_submit() {
 
 /// Edge 2. The reaper returns expired leases while cancels of those very tasks commit: every
 /// decision must come from the row as locked, so a task whose cancel committed is never sent
-/// back to `ready` (with its cancel request still set, to run again). Many rounds of 200 rows
+/// back to `ready` (with its cancel request still set, to run again). 60 rounds of 200 rows
 /// with expired leases, cancelled by SQL as the pool's reaper runs; then no row may be ready or
 /// blocked with a cancel request, and every cancelled one ended `cancelled`.
 #[test]
@@ -104,7 +104,7 @@ fn the_reaper_decides_from_the_row_as_locked() {
     let mut sql = db.client();
     let mut cancelled = 0_i64;
     let started = Instant::now();
-    for _ in 0..30 {
+    for _ in 0..60 {
         sql.batch_execute(
             "INSERT INTO tasq_tasks (type, payload, priority, status, attempts, max_attempts,
                                      lease_id, lease_until)
@@ -118,9 +118,12 @@ fn the_reaper_decides_from_the_row_as_locked() {
         for _ in 0..200 {
             let n = sql
                 .execute(
+                    // As the store's cancel: only a row still running gets the request (the
+                    // statement rechecks that on the row as it locks it).
                     "UPDATE tasq_tasks SET cancel_requested = 'requested'
                      WHERE id = (SELECT id FROM tasq_tasks WHERE status = 'running'
-                                 AND type = 'job' AND cancel_requested IS NULL LIMIT 1)",
+                                 AND type = 'job' AND cancel_requested IS NULL LIMIT 1)
+                       AND status = 'running'",
                     &[],
                 )
                 .unwrap();
@@ -153,4 +156,86 @@ fn the_reaper_decides_from_the_row_as_locked() {
         started.elapsed().as_secs_f64()
     );
     pool.shutdown(Duration::from_secs(10));
+}
+
+/// Edge 8. Right after every connection of a pool is terminated (as a server restart does), a
+/// submit still succeeds: the idle pooled connection it gets is checked before use, or the
+/// statement the server refused on the terminated session runs again on a new one. Before, it
+/// failed at once with "terminating connection due to administrator command".
+#[test]
+fn a_submit_right_after_the_connections_die_succeeds() {
+    let Some(db) = TestDb::new() else { return };
+    let producer = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .declare(JOB, TypeOptions::new())
+        .build()
+        .unwrap();
+    for round in 0..5 {
+        // Connections in use and idle ones both.
+        let batch: Vec<_> = (0..4).map(|n| JOB.task(n)).collect();
+        producer.submit_batch(batch).unwrap();
+        assert!(db.terminate_connections() > 0);
+        if round % 2 == 1 {
+            // Idle past the check's threshold.
+            std::thread::sleep(Duration::from_millis(1_100));
+        }
+        producer
+            .submit(JOB.task(round))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+    }
+    let stats = producer.stats();
+    println!("store errors: {}", stats.totals.store_errors);
+    producer.shutdown(Duration::from_secs(10));
+}
+
+/// Edge 6. Ten pools share a type limited to 2 running at once; 300 tasks. Each task's ending
+/// used to wake every pool holding such tasks, and all but one of their claims came back empty
+/// (2,336 claim transactions for 300 tasks). Now the pool that ran a task claims next and the
+/// others wait for their (jittered) poll: at most 1.5 claim transactions per task.
+#[test]
+fn a_limited_type_causes_no_stampede_of_claims() {
+    let Some(db) = TestDb::new() else { return };
+    const LIMITED: TaskType<u32, u32> = TaskType::new("limited");
+    let options = TypeOptions::new().concurrency_limit(2);
+    let pools: Vec<Pool> = (0..10)
+        .map(|_| {
+            Pool::builder()
+                .postgres(db.url.clone())
+                .workers(2)
+                .register_with(LIMITED, options, |_, n: &u32| {
+                    // Stands for a short call to a downstream.
+                    std::thread::sleep(Duration::from_millis(2));
+                    Ok::<_, HandlerError>(*n)
+                })
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let producer = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .declare(LIMITED, options)
+        .build()
+        .unwrap();
+    let before: u64 = pools.iter().map(|p| p.stats().totals.claims).sum();
+    let handles = producer
+        .submit_batch((0..300).map(|n| LIMITED.task(n)).collect())
+        .unwrap();
+    for handle in &handles {
+        assert!(handle.wait_timeout(Duration::from_secs(120)).is_some());
+    }
+    let totals: Vec<_> = pools.iter().map(|p| p.stats().totals).collect();
+    let claims: u64 = totals.iter().map(|t| t.claims).sum::<u64>() - before;
+    let empty: u64 = totals.iter().map(|t| t.empty_claims).sum();
+    let ran: u64 = totals.iter().map(|t| t.succeeded).sum();
+    println!("300 tasks: {claims} claim transactions, {empty} empty, in 10 pools");
+    assert_eq!(ran, 300);
+    assert!(
+        claims * 2 <= 300 * 3,
+        "{claims} claim transactions for 300 tasks ({empty} empty)"
+    );
+    for pool in pools {
+        pool.shutdown(Duration::from_secs(10));
+    }
 }

@@ -101,12 +101,16 @@ fn worker_process() {
     let tag = env("TASQ_WORKER_TAG");
     let workers: usize = env("TASQ_WORKER_THREADS").parse().unwrap();
     let lease = Duration::from_millis(env("TASQ_WORKER_LEASE_MS").parse().unwrap());
+    let prefetch: usize = std::env::var("TASQ_WORKER_PREFETCH")
+        .ok()
+        .map_or(0, |n| n.parse().unwrap());
     let (effect_url, effect_tag) = (url.clone(), tag.clone());
     let (hold_url, hold_tag) = (url.clone(), tag.clone());
     let (limited_url, limited_tag) = (url.clone(), tag.clone());
     let pool = Pool::builder()
         .postgres(url)
         .workers(workers)
+        .prefetch(prefetch)
         .lease(lease)
         .poll_interval(Duration::from_millis(100))
         .quiet_panics(true)
@@ -146,13 +150,21 @@ fn worker_process() {
     for line in std::io::stdin().lock().lines() {
         match line.unwrap().trim() {
             "go" => go().0.send(()).unwrap(),
+            "totals" => {
+                let totals = pool.stats().totals;
+                println!("lapsed_claims={} totals", totals.lapsed_claims);
+                std::io::stdout().flush().unwrap();
+            }
             "exit" => break,
             _ => {}
         }
     }
-    let store_errors = pool.stats().totals.store_errors;
+    let totals = pool.stats().totals;
     pool.shutdown(Duration::from_secs(10));
-    println!("store_errors={store_errors} exited");
+    println!(
+        "store_errors={} lapsed_claims={} exited",
+        totals.store_errors, totals.lapsed_claims
+    );
 }
 
 // ===== the test's side =====
@@ -166,6 +178,16 @@ struct Worker {
 
 impl Worker {
     fn start(db: &TestDb, tag: &str, threads: usize, lease: Duration) -> Worker {
+        Worker::start_prefetching(db, tag, threads, 0, lease)
+    }
+
+    fn start_prefetching(
+        db: &TestDb,
+        tag: &str,
+        threads: usize,
+        prefetch: usize,
+        lease: Duration,
+    ) -> Worker {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "worker_process", "--nocapture"])
             .args(["--test-threads", "1"])
@@ -173,6 +195,7 @@ impl Worker {
             .env("TASQ_WORKER_TAG", tag)
             .env("TASQ_WORKER_THREADS", threads.to_string())
             .env("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string())
+            .env("TASQ_WORKER_PREFETCH", prefetch.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -226,15 +249,38 @@ impl Worker {
 
     /// Shuts its pool down, waits for it to exit, and returns how many store errors its pool
     /// reported.
-    fn exit(mut self) -> u64 {
+    fn exit(self) -> u64 {
+        self.exit_with_totals().0
+    }
+
+    /// Shuts its pool down, waits for it to exit, and returns its store errors and lapsed
+    /// claims.
+    fn exit_with_totals(mut self) -> (u64, u64) {
         self.send("exit");
         let line = self.expect_line("exited");
         self.child.wait().unwrap();
-        line.split("store_errors=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .expect("the worker reports its store errors")
+        let total = |name: &str| -> u64 {
+            line.split(name)
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("the worker reports {name} in {line:?}"))
+        };
+        (total("store_errors="), total("lapsed_claims="))
+    }
+}
+
+impl Drop for Worker {
+    /// A test that fails leaves no worker process behind (it would hold the test's output
+    /// open, and its schema's connections): killed (and resumed first, if stopped).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.child.id().to_string()])
+                .status();
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -584,6 +630,79 @@ fn a_stopped_worker_is_fenced_off_when_it_resumes() {
         Some(Outcome::Succeeded("B".to_owned()))
     );
     assert_eq!(row(&mut sql), ("succeeded".to_owned(), Some(b_lease)));
+    let _ = b.exit();
+    producer.shutdown(Duration::from_secs(10));
+}
+
+/// Edge 3. A prefetching process is stopped (SIGSTOP) past its lease, holding claims no worker
+/// has started; another process runs those tasks; when the first resumes, it starts none of its
+/// held claims (their leases are lost, timed on its monotonic clock from when they were
+/// requested): it gives them back, and counts them. Before, it ran all of them again.
+#[test]
+fn a_resumed_process_starts_no_claim_whose_lease_is_lost() {
+    let Some(db) = TestDb::new() else { return };
+    let mut sql = db.client();
+    sql.batch_execute(EFFECTS_TABLE).unwrap();
+    let lease = Duration::from_secs(2);
+    let mut a = Worker::start_prefetching(&db, "A", 1, 4, lease);
+    let producer = producer(&db);
+    let hold = producer.submit(HOLD.task(1)).unwrap();
+    wait_for_count(
+        &mut sql,
+        "SELECT count(*) FROM effects WHERE worker = 'A'",
+        1,
+        "A's run of the held task",
+    );
+    let effects = producer
+        .submit_batch((0..4).map(|n| EFFECT.task(n)).collect())
+        .unwrap();
+    // A's only worker is busy: the four wait in A's queue, claimed.
+    wait_for_count(
+        &mut sql,
+        "SELECT count(*) FROM tasq_tasks WHERE type = 'effect' AND status = 'running'",
+        4,
+        "A's prefetch of the four",
+    );
+    signal(a.pid(), "-STOP");
+    let mut b = Worker::start(&db, "B", 2, lease);
+    wait_all_succeeded(&effects);
+    signal(a.pid(), "-CONT");
+    // A's worker returns from the held task and takes its four claims, one way or the other.
+    a.send("go");
+    let ran_by_a = |sql: &mut Client| -> i64 {
+        sql.query_one(
+            "SELECT count(*) FROM effects e JOIN tasq_tasks t ON t.id = e.task
+             WHERE e.worker = 'A' AND t.type = 'effect'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let lapsed = loop {
+        a.send("totals");
+        let line = a.expect_line("totals");
+        let lapsed: i64 = line
+            .split("lapsed_claims=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        if lapsed + ran_by_a(&mut sql) == 4 {
+            break lapsed;
+        }
+        assert!(Instant::now() < give_up, "A never took its four claims");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        ran_by_a(&mut sql),
+        0,
+        "A started claims whose leases it had lost"
+    );
+    assert_eq!(lapsed, 4, "A gave back its four held claims");
+    let _ = a.exit();
+    b.send("go");
+    assert!(hold.wait_timeout(Duration::from_secs(30)).is_some());
     let _ = b.exit();
     producer.shutdown(Duration::from_secs(10));
 }

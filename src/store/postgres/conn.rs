@@ -18,7 +18,15 @@ use postgres::{Client, Config, GenericClient, NoTls, Row, Statement, Transaction
 pub(super) struct Conn {
     client: Client,
     statements: Statements,
+    /// When the pool last handed it out: a connection idle longer than [`IDLE_CHECK`] is
+    /// checked with a round trip before use (see [`Conn::check_if_idle`]).
+    last_used: std::time::Instant,
 }
+
+/// A pooled connection idle this long is checked before use: its server process may have been
+/// terminated meanwhile (an outage, a restart, `pg_terminate_backend`), and a statement sent on
+/// it would fail at once. Connections in steady use skip the check (it costs a round trip).
+pub(super) const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where the store's statements run: a pooled connection or a transaction on one (both keep
 /// the connection's prepared statements), or a caller's own transaction (prepared at each run).
@@ -119,6 +127,18 @@ impl Sql for Conn {
 }
 
 impl Conn {
+    /// Whether the connection answers, checked with an empty query if it was idle longer than
+    /// [`IDLE_CHECK`] (or whatever its idleness, with `always`); marks it used now.
+    pub(super) fn check_if_idle(&mut self, always: bool) -> Result<(), postgres::Error> {
+        let now = std::time::Instant::now();
+        let idle = now.duration_since(self.last_used) >= IDLE_CHECK;
+        self.last_used = now;
+        if idle || always {
+            self.client.simple_query("")?;
+        }
+        Ok(())
+    }
+
     /// A transaction whose statements use (and add to) the connection's prepared ones.
     pub(super) fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
         Ok(Tx {
@@ -186,6 +206,24 @@ pub(super) fn describe(error: &postgres::Error) -> String {
     text
 }
 
+/// Sets the TCP settings of every connection the store makes: keepalives and a user timeout,
+/// so the kernel ends a connection whose peer stopped acknowledging (a half-open connection: the
+/// server's machine vanished, a network path dropped) within about ten seconds instead of
+/// leaving a statement or the listener waiting on it for ever. Settings the connection string
+/// gives are kept.
+pub(super) fn tcp_settings(config: &mut Config) {
+    if config.get_keepalives_idle() == std::time::Duration::from_secs(2 * 60 * 60) {
+        config
+            .keepalives(true)
+            .keepalives_idle(std::time::Duration::from_secs(5))
+            .keepalives_interval(std::time::Duration::from_secs(1))
+            .keepalives_retries(3);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(std::time::Duration::from_secs(10));
+    }
+}
+
 /// Opens the pool's connections.
 pub(super) struct Connector {
     config: Config,
@@ -224,6 +262,7 @@ impl r2d2::ManageConnection for Connector {
         Ok(Conn {
             client: self.config.connect(NoTls)?,
             statements: Statements::default(),
+            last_used: std::time::Instant::now(),
         })
     }
 

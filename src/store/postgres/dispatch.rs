@@ -29,6 +29,8 @@ pub(super) enum Ending {
 /// is woken (a notification, a local submit, a freed worker, a manual clock's move), a gate
 /// that held tasks back may have reopened, or a poll interval passes.
 pub(super) fn fetch_loop(store: &Arc<PgStore>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::from_os_rng();
     let mut backoff = Duration::from_millis(50);
     loop {
         let wanted = {
@@ -41,7 +43,8 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
                     local.wake = false;
                     break local.free;
                 }
-                let poll = Instant::now() + store.poll_interval;
+                // Jittered (±10%), so idle pools started together do not poll together.
+                let poll = Instant::now() + store.poll_interval.mul_f64(rng.random_range(0.9..1.1));
                 let deadline = local.gate_wake.map_or(poll, |at| at.min(poll));
                 // Timed: the poll is the fallback for a lost notification, and a bucket's next
                 // token or a breaker's cool-down reopens a gate without any notification.
@@ -62,6 +65,8 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
                 backoff = Duration::from_millis(50);
                 let full = claimed == wanted;
                 let mut local = store.local.lock();
+                local.totals.claims += 1;
+                local.totals.empty_claims += u64::from(claimed == 0);
                 // A full batch: there may be more right away.
                 local.wake |= full;
             }
@@ -101,6 +106,8 @@ pub(crate) const CLAIM: &str = "
 
 /// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
 fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
+    // Each claim's lease is timed from before its statement is sent (see `Held::valid_until`).
+    let requested = Instant::now();
     let rows = match &store.gates {
         None => {
             let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
@@ -115,7 +122,6 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             }
             let manual = store.clock.manual_offset().is_some();
             let mut local = store.local.lock();
-            local.held = claim.hold.by_running;
             local.gate_wake = claim.hold.wake_at(manual);
             drop(local);
             claim.rows
@@ -143,6 +149,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                 lease,
                 token: token.clone(),
                 type_index,
+                valid_until: requested + store.lease,
             },
         ));
         if attempt > settings.max_attempts {

@@ -323,9 +323,6 @@ pub(super) fn ensure_rows(client: &mut impl Sql, gates: &Gates) -> Result<(), po
 /// What held tasks back in a claim: when to claim again.
 #[derive(Debug, Default)]
 pub(super) struct Hold {
-    /// A running task holds a slot (a concurrency limit, a probe out): an ending, here or in
-    /// another process, may free it.
-    pub(super) by_running: bool,
     /// A bucket holds its next token, or a breaker ends its cool-down, this long from now on the
     /// pool's clock.
     pub(super) clock_wait: Option<Duration>,
@@ -487,9 +484,13 @@ impl<'a> Allowances<'a> {
                         }
                     }
                     (found_row, _) => {
-                        // Busy or missing: nothing of this type this time.
+                        // Missing: made, then claimed again soon. Busy: another pool is
+                        // claiming this type right now, and takes what room there is; this one
+                        // claims again when a task of its own ends, or at its poll (claiming
+                        // again soon, every pool at each busy row, was most of the empty
+                        // claims of a limited type shared by many pools).
                         missing |= found_row.is_none();
-                        self.hold.soon = true;
+                        self.hold.soon |= found_row.is_none();
                         room.running_room = Some(0);
                     }
                 }
@@ -540,11 +541,9 @@ impl<'a> Allowances<'a> {
                     Pass::Shut
                 }
             }
-            _ if row.get::<_, bool>(6) => {
-                // Half-open, its probe still running: its ending frees the slot.
-                self.hold.by_running = true;
-                Pass::Shut
-            }
+            // Half-open, its probe still running: its ending frees the slot (the probe's pool
+            // claims next, other pools at their poll).
+            _ if row.get::<_, bool>(6) => Pass::Shut,
             _ => Pass::Probe(false),
         }
     }
@@ -575,9 +574,8 @@ impl<'a> Allowances<'a> {
         }
         if let Some((d, &Pass::Probe(from_open))) = pass {
             self.probes.push((d, id, from_open));
-            self.passes.insert(d, Pass::Shut);
             // The probe holds the slot until it ends.
-            self.hold.by_running = true;
+            self.passes.insert(d, Pass::Shut);
         }
         // Run out: not picked again in this claim (the fetcher hears why).
         let room = self.rooms.get(&index).map_or(u64::MAX, TypeRoom::allowance);
@@ -598,9 +596,6 @@ impl<'a> Allowances<'a> {
         let Some(room) = self.rooms.get(&index) else {
             return;
         };
-        if room.running_room == Some(0) && gate.concurrency.is_some() {
-            self.hold.by_running = true;
-        }
         if let (Some(tokens), Some(rate)) = (room.tokens, gate.rate) {
             let left = tokens - f64::from(room.drawn);
             if left < 1.0 - 1e-9 {

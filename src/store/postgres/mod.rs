@@ -45,6 +45,7 @@ mod conn;
 mod dispatch;
 mod gates;
 mod leader;
+mod notifier;
 mod policy;
 mod rows;
 mod schema;
@@ -183,6 +184,12 @@ struct Held {
     lease: i64,
     token: CancelToken,
     type_index: u32,
+    /// Until when the lease surely holds, on this process's monotonic clock: the lease's length
+    /// from when the statement that took or last extended it was *sent* (the database set the
+    /// expiry later than that, never earlier). A claim still waiting for a worker past this is
+    /// never started: its lease may be lost (the process stalled, a SIGSTOP), and another
+    /// worker may already run the task.
+    valid_until: Instant,
 }
 
 /// The pool-local state: claims waiting for a worker, the tasks running here, the workers.
@@ -204,9 +211,6 @@ struct Local {
     /// A gate held tasks back in the last claim and may reopen by itself then (a token, a
     /// cool-down's end): the fetcher claims again at this real instant.
     gate_wake: Option<Instant>,
-    /// A running task held tasks back in the last claim (a concurrency limit, a probe): an
-    /// ending in another process (a `done:` notification) wakes the fetcher.
-    held: bool,
 }
 
 impl Local {
@@ -296,7 +300,8 @@ impl PgStore {
             return Err(BuildError::NotDurable(entry.name));
         }
         let store_error = |e: postgres::Error| BuildError::Store(conn::describe(&e));
-        let config: postgres::Config = settings.url.parse().map_err(store_error)?;
+        let mut config: postgres::Config = settings.url.parse().map_err(store_error)?;
+        conn::tcp_settings(&mut config);
         // One connection first, to check the schema: an unreachable database or a wrong
         // name fails the build at once, with the server's message (the pool below retries
         // for its connection timeout).
@@ -360,7 +365,6 @@ impl PgStore {
                 handlers_in_shutdown: 0,
                 totals: Totals::default(),
                 gate_wake: None,
-                held: false,
             }),
             work_cv: Condvar::new(),
             fetch_cv: Condvar::new(),
@@ -412,25 +416,43 @@ impl PgStore {
         rows::local_seq(self.queue, id)
     }
 
-    /// A connection from the pool, retried with backoff while the database is unreachable (up
-    /// to a minute: past that the caller's operation fails).
-    fn conn(&self) -> Result<r2d2::PooledConnection<conn::Connector>, String> {
+    /// A connection from the pool that answers, retried with backoff while the database is
+    /// unreachable (up to a minute: past that the caller's operation fails). A connection idle
+    /// for a while is checked first (see `conn::IDLE_CHECK`): one whose server process went
+    /// away (an outage, a restart) is dropped and another taken, so no statement is sent on it.
+    ///
+    /// `check`: check it whether idle or not.
+    fn conn(&self, check: bool) -> Result<r2d2::PooledConnection<conn::Connector>, String> {
         let mut delay = Duration::from_millis(50);
         let give_up = Instant::now() + Duration::from_secs(60);
+        // Broken idle connections met in a row: after an outage every idle one is; the next
+        // may be good, so the first few are replaced at once.
+        let mut broken = 0;
         loop {
-            match self.db.get() {
-                Ok(conn) => return Ok(conn),
-                Err(error) if Instant::now() >= give_up => return Err(error.to_string()),
-                Err(_) => {
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
+            let error = match self.db.get() {
+                Ok(mut conn) => match conn.check_if_idle(check) {
+                    Ok(()) => return Ok(conn),
+                    // Broken: r2d2 drops it (its client reports closed) as it goes back.
+                    Err(error) => {
+                        broken += 1;
+                        conn::describe(&error)
+                    }
+                },
+                Err(error) => error.to_string(),
+            };
+            if Instant::now() >= give_up {
+                return Err(error);
+            }
+            if broken == 0 || broken > 16 {
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
     }
 
     /// Runs `f` on a connection; a database error is returned as text. A transaction that the
-    /// server chose as a deadlock's victim is run again (twice at most): it did nothing.
+    /// server chose as a deadlock's victim, or whose session it terminated, is run again (twice
+    /// at most): it did nothing.
     ///
     /// With a manual clock, `tasq_now()` is the clock's time as each attempt starts.
     fn with_conn<R>(
@@ -450,28 +472,45 @@ impl PgStore {
         mut f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
         let mut attempts = 0;
+        // After a terminated session, every connection is checked before use: its idle
+        // neighbours in the pool likely died with it.
+        let mut check = false;
         loop {
             attempts += 1;
-            let error = match self.try_with_conn(at, &mut f) {
+            let error = match self.try_with_conn(at, check, &mut f) {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
             // Reported in the totals (`store_errors`); the caller retries or returns it.
             self.count(|t| t.store_errors += 1);
-            let deadlock = matches!(&error, StoreFailure::Db(e)
-                if e.code() == Some(&postgres::error::SqlState::T_R_DEADLOCK_DETECTED));
-            if !deadlock || attempts == 3 {
+            // Run again when the server says the work was not done: a deadlock's victim is
+            // rolled back, and a session the server terminated (an outage, a restart,
+            // `pg_terminate_backend`) ran nothing of this attempt that it did not roll back.
+            // Any other error may come after a commit, and is returned.
+            use postgres::error::SqlState;
+            let again = matches!(&error, StoreFailure::Db(e) if e.code().is_some_and(|code| {
+                [
+                    SqlState::T_R_DEADLOCK_DETECTED,
+                    SqlState::ADMIN_SHUTDOWN,
+                    SqlState::CRASH_SHUTDOWN,
+                    SqlState::CANNOT_CONNECT_NOW,
+                ]
+                .contains(code)
+            }));
+            if !again || attempts == 3 {
                 return Err(error.to_string());
             }
+            check = true;
         }
     }
 
     fn try_with_conn<R>(
         &self,
         at: Option<i64>,
+        check: bool,
         f: &mut impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, StoreFailure> {
-        let mut conn = self.conn().map_err(StoreFailure::Connect)?;
+        let mut conn = self.conn(check).map_err(StoreFailure::Connect)?;
         // A manual clock sets `tasq_now()` on this connection (a test's pool only), after the
         // checkout: the setting a connection kept from its last use is stale.
         if let Some(now) = at.or_else(|| self.manual_now_us()) {
@@ -1615,6 +1654,24 @@ impl Store for PgStore {
                 return None;
             }
             if let Some(mut claim) = local.queue.pop_front() {
+                let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
+                let lost = local
+                    .running
+                    .get(&seq)
+                    .is_none_or(|held| Instant::now() >= held.valid_until);
+                if lost {
+                    // Its lease may be gone: given back (fenced by the lease, so a row another
+                    // worker took since is left alone), never started.
+                    local.running.remove(&seq);
+                    local.free += 1;
+                    local.wake = true;
+                    self.fetch_cv.notify_one();
+                    drop(local);
+                    self.count(|t| t.lapsed_claims += 1);
+                    self.give_back(vec![claim], Vec::new());
+                    local = self.local.lock();
+                    continue;
+                }
                 claim.claimed_at = self.clock.now();
                 return Some(claim);
             }
