@@ -118,6 +118,8 @@ pub use metrics::{Histogram, Metrics, RUN_TIME_BUCKETS, RunCounts, TypeMetrics};
 pub use pool::Pool;
 pub use retry::{HandlerError, ResultExt, RetryPolicy};
 pub use stats::{ShutdownReport, Stats, TaskInfo, Totals, TypeStats};
+#[cfg(feature = "postgres")]
+pub use submit::Receipt;
 pub use task::{
     CancelOutcome, CancelReason, Dependency, Failure, FailureReason, ParseTaskIdError, Task,
     TaskId, TaskState, TaskType,

@@ -172,9 +172,11 @@ impl Pool {
     /// Submits a task inside the caller's open PostgreSQL transaction (feature `postgres`): the
     /// task exists only if that transaction commits, so a program's own write and the task it
     /// causes commit together, or neither does. The transaction must be on the pool's database
-    /// and schema. Returns the task's id; get a handle with [`handle`](Pool::handle) once the
-    /// transaction has committed (a rolled-back task never existed: nothing would end a wait on
-    /// it). A task whose key another task holds is not added: that task's id is returned.
+    /// and schema. Returns a [`Receipt`](crate::Receipt) with the task's id; get a handle with
+    /// [`handle`](Pool::handle) once the transaction has committed (a rolled-back task never
+    /// existed: nothing would end a wait on it). A task whose key another task holds is not
+    /// added: the receipt names that task and says it is a
+    /// [duplicate](crate::Receipt::is_duplicate), as [`submit`](Pool::submit)'s handle does.
     ///
     /// # Errors
     ///
@@ -194,9 +196,11 @@ impl Pool {
     /// let mut client = postgres::Client::connect(url, postgres::NoTls)?;
     /// let mut tx = client.transaction()?;
     /// tx.execute("INSERT INTO users (email) VALUES ($1)", &[&"ann@example.com"])?;
-    /// let id = pool.submit_in(&mut tx, WELCOME.task("ann@example.com".into()))?;
+    /// let receipt = pool.submit_in(&mut tx, WELCOME.task("ann@example.com".into()).key("welcome-ann"))?;
     /// tx.commit()?;
-    /// pool.handle(WELCOME, id).unwrap().wait();
+    /// if !receipt.is_duplicate() {
+    ///     pool.handle(WELCOME, receipt.id()).unwrap().wait();
+    /// }
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[cfg(feature = "postgres")]
@@ -204,7 +208,7 @@ impl Pool {
         &self,
         tx: &mut postgres::Transaction<'_>,
         task: Task<P, O>,
-    ) -> Result<TaskId, SubmitError<Task<P, O>>>
+    ) -> Result<crate::Receipt, SubmitError<Task<P, O>>>
     where
         P: Send + 'static,
         O: Send + Sync + 'static,

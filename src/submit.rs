@@ -211,10 +211,97 @@ pub(crate) fn submit_in<P, O>(
     store: &Arc<dyn Store>,
     tx: &mut postgres::Transaction<'_>,
     task: Task<P, O>,
-) -> Result<TaskId, SubmitError<Task<P, O>>>
+) -> Result<Receipt, SubmitError<Task<P, O>>>
 where
     P: Send + 'static,
     O: Send + Sync + 'static,
 {
-    send(store, task, |submission| store.submit_in(tx, submission))
+    let (id, duplicate) = send(store, task, |submission| store.submit_in(tx, submission))?;
+    Ok(Receipt { id, duplicate })
+}
+
+/// What [`Pool::submit_in`](crate::Pool::submit_in) accepted (feature `postgres`): the task's
+/// id, and whether the task's idempotency key made it a duplicate of a task that already held
+/// the key ([`is_duplicate`](Receipt::is_duplicate)), as
+/// [`TaskHandle::is_duplicate`](crate::TaskHandle::is_duplicate) says for
+/// [`Pool::submit`](crate::Pool::submit). No handle: the task exists only once the caller's
+/// transaction commits; get one then with [`Pool::handle`](crate::Pool::handle).
+///
+/// # Examples
+///
+/// ```no_run
+/// use tasq::{HandlerError, Pool, TaskType};
+/// const INVOICE: TaskType<u32, ()> = TaskType::new("invoice");
+/// let url = "host=127.0.0.1 user=postgres dbname=test";
+/// let pool = Pool::builder()
+///     .postgres(url)
+///     .register(INVOICE, |_, _: &u32| Ok::<_, HandlerError>(()))
+///     .build()?;
+/// let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+/// let mut tx = client.transaction()?;
+/// let first = pool.submit_in(&mut tx, INVOICE.task(17).key("invoice-17"))?;
+/// let again = pool.submit_in(&mut tx, INVOICE.task(17).key("invoice-17"))?;
+/// tx.commit()?;
+/// assert_eq!(again.id(), first.id());
+/// assert!(!first.is_duplicate() && again.is_duplicate());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "postgres")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use = "the receipt holds the task's id"]
+pub struct Receipt {
+    id: TaskId,
+    duplicate: bool,
+}
+
+#[cfg(feature = "postgres")]
+impl Receipt {
+    /// The task's id: the new task's, or, for a duplicate, that of the task holding the key.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const NOTE: TaskType<String, ()> = TaskType::new("note");
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// let pool = Pool::builder()
+    ///     .postgres(url)
+    ///     .register(NOTE, |_, _: &String| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    /// let mut tx = client.transaction()?;
+    /// let id = pool.submit_in(&mut tx, NOTE.task("hello".into()))?.id();
+    /// tx.commit()?;
+    /// assert!(pool.handle(NOTE, id).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// Whether the task's idempotency key was held by a live or succeeded task, which
+    /// [`id`](Receipt::id) names: nothing was added, and the submitted payload was dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const NOTE: TaskType<String, ()> = TaskType::new("note");
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// let pool = Pool::builder()
+    ///     .postgres(url)
+    ///     .register(NOTE, |_, _: &String| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    /// let mut tx = client.transaction()?;
+    /// let receipt = pool.submit_in(&mut tx, NOTE.task("hello".into()).key("note-1"))?;
+    /// if receipt.is_duplicate() {
+    ///     println!("{} was submitted before", receipt.id());
+    /// }
+    /// tx.commit()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_duplicate(&self) -> bool {
+        self.duplicate
+    }
 }

@@ -63,7 +63,8 @@ fn a_task_submitted_in_a_transaction_exists_only_if_it_commits() {
         .unwrap();
     let gone = pool
         .submit_in(&mut tx, NOTE.task("rolled back".into()))
-        .unwrap();
+        .unwrap()
+        .id();
     tx.rollback().unwrap();
     assert_eq!(pool.status(gone), None, "a rolled-back task never existed");
 
@@ -79,6 +80,8 @@ fn a_task_submitted_in_a_transaction_exists_only_if_it_commits() {
         &tasq::SubmitErrorKind::UnknownDependency(unknown)
     );
     let kept = pool.submit_in(&mut tx, NOTE.task("kept".into())).unwrap();
+    assert!(!kept.is_duplicate());
+    let kept = kept.id();
     tx.commit().unwrap();
     let handle = pool.handle(NOTE, kept).expect("committed");
     assert_eq!(
@@ -94,6 +97,66 @@ fn a_task_submitted_in_a_transaction_exists_only_if_it_commits() {
     assert_eq!(notes, ["kept"]);
     assert_eq!(pool.stats().totals.succeeded, 1);
     pool.check_invariants().unwrap();
+}
+
+/// `submit_in` says, as `submit` does, when a key made the task a duplicate: of a task added
+/// earlier in the same transaction, of a committed one, and a plain submit of the key is a
+/// duplicate of the task `submit_in` committed. A key in a rolled-back transaction was never
+/// held.
+#[test]
+fn submit_in_says_whether_the_key_made_the_task_a_duplicate() {
+    let Some(db) = TestDb::new() else { return };
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .register(NOTE, |_, _: &String| Ok::<_, HandlerError>(()))
+        .build()
+        .unwrap();
+    let mut client = db.client();
+
+    let mut tx = client.transaction().unwrap();
+    let dropped = pool
+        .submit_in(&mut tx, NOTE.task("rolled back".into()).key("k-0"))
+        .unwrap();
+    assert!(!dropped.is_duplicate());
+    tx.rollback().unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    let first = pool
+        .submit_in(&mut tx, NOTE.task("first".into()).key("k-0"))
+        .unwrap();
+    assert!(!first.is_duplicate(), "the rolled-back key was never held");
+    let same_tx = pool
+        .submit_in(&mut tx, NOTE.task("second".into()).key("k-0"))
+        .unwrap();
+    assert_eq!((same_tx.id(), same_tx.is_duplicate()), (first.id(), true));
+    let other = pool
+        .submit_in(&mut tx, NOTE.task("other".into()).key("k-1"))
+        .unwrap();
+    assert!(!other.is_duplicate());
+    assert_ne!(other.id(), first.id());
+    tx.commit().unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    let later = pool
+        .submit_in(&mut tx, NOTE.task("later".into()).key("k-0"))
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!((later.id(), later.is_duplicate()), (first.id(), true));
+    let plain = pool.submit(NOTE.task("plain".into()).key("k-0")).unwrap();
+    assert_eq!((plain.id(), plain.is_duplicate()), (first.id(), true));
+
+    let payloads: Vec<serde_json::Value> = client
+        .query("SELECT payload FROM tasq_tasks ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        payloads,
+        [serde_json::json!("first"), serde_json::json!("other")]
+    );
+    assert_eq!(pool.stats().ready, 2);
 }
 
 const CHARGE: TaskType<i64, i64> = TaskType::new("charge");
@@ -606,7 +669,8 @@ fn a_dependent_added_while_a_cascade_runs_is_cancelled_with_it() {
     // Holds `blocked`'s row until the commit below.
     let late = pool
         .submit_in(&mut tx, DOUBLE.task(3).after([blocked.id()]))
-        .unwrap();
+        .unwrap()
+        .id();
     let cancelled = std::thread::scope(|scope| {
         let cancel = scope.spawn(|| pool.cancel(root.id()));
         // The cascade now reaches `blocked` and waits for its row lock.

@@ -812,7 +812,8 @@ fn a_submit_in_the_callers_transaction_is_due_on_the_manual_clock() {
     let mut tx = client.transaction().unwrap();
     let id = pool
         .submit_in(&mut tx, JOB.task(1).delay(Duration::from_secs(1800)))
-        .unwrap();
+        .unwrap()
+        .id();
     let own: String = tx.query_one(SETTING, &[]).unwrap().get(0);
     assert_eq!(own, "123", "the caller's transaction reads its own");
     tx.commit().unwrap();

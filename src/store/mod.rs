@@ -299,13 +299,14 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     // ===== the durable store's own =====
 
     /// Adds a task inside the caller's open transaction: it exists only if that transaction
-    /// commits. Only the durable store can.
+    /// commits. Returns its id, and whether its key made it a duplicate of that task (the
+    /// submission's payload was not taken then). Only the durable store can.
     #[cfg(feature = "postgres")]
     fn submit_in(
         &self,
         tx: &mut ::postgres::Transaction<'_>,
         task: Submission<'_>,
-    ) -> Result<TaskId, SubmitErrorKind> {
+    ) -> Result<(TaskId, bool), SubmitErrorKind> {
         let _ = (tx, task);
         Err(SubmitErrorKind::NotDurable)
     }

@@ -1212,7 +1212,7 @@ impl Store for PgStore {
         &self,
         tx: &mut postgres::Transaction<'_>,
         task: Submission<'_>,
-    ) -> Result<TaskId, SubmitErrorKind> {
+    ) -> Result<(TaskId, bool), SubmitErrorKind> {
         if self.is_closed() {
             return Err(SubmitErrorKind::ShutDown);
         }
@@ -1231,7 +1231,7 @@ impl Store for PgStore {
         }
         Self::restore_callers_now(&mut savepoint, callers_now).map_err(store_error)?;
         savepoint.commit().map_err(store_error)?;
-        Ok(self.id(row.0))
+        Ok((self.id(row.0), row.1))
     }
 
     fn succeed_in(
