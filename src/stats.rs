@@ -142,6 +142,24 @@ pub struct TaskInfo {
     pub last_error: Option<String>,
     /// The task a dead letter was resubmitted as.
     pub resubmitted_as: Option<TaskId>,
+    /// The tasks it was submitted to wait for ([`Task::after`](crate::Task::after)), by id,
+    /// whatever became of them: those the pool knew when it was submitted (a dependency given
+    /// by a handle that showed it succeeded after the pool forgot it is not listed). A dead
+    /// letter resubmitted with its dependents names, in each dependent brought back, the new
+    /// tasks it waits for. On the durable store, a dependency whose row retention deleted is
+    /// no longer listed.
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const STEP: TaskType<u8, ()> = TaskType::new("step");
+    /// let pool = Pool::builder().workers(1).register(STEP, |_, _: &u8| Ok::<_, HandlerError>(())).build()?;
+    /// let fetch = pool.submit(STEP.task(1))?;
+    /// let parse = pool.submit(STEP.task(2))?;
+    /// let report = pool.submit(STEP.task(3).after([&parse, &fetch]))?;
+    /// assert_eq!(pool.info(report.id()).unwrap().dependencies, [fetch.id(), parse.id()]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub dependencies: Vec<TaskId>,
 }
 
 /// What [`Pool::shutdown`](crate::Pool::shutdown) did.

@@ -257,6 +257,56 @@ conformance! {
         );
     }
 
+    fn info_lists_the_dependencies_a_task_was_submitted_with(builder) {
+        let clock = ManualClock::new();
+        let f = Fixture::new(builder, 2, Some(clock.clone()));
+        let gate = Gate::new();
+        let a = f.submit(Step::gated("a", &gate), &[]);
+        let b = f.submit(Step::new("b"), &[]);
+        // Given out of order and twice: listed once each, by id.
+        let c = f.submit(Step::new("c"), &[&b, &a, &b]);
+        let dependencies = |handle: &TaskHandle<String>| {
+            f.pool.info(handle.id()).expect("remembered").dependencies
+        };
+        assert_eq!(dependencies(&c), [a.id(), b.id()]);
+        assert_eq!(dependencies(&a), []);
+        // A plain delayed task (the embedded store keeps it dormant) has none either.
+        let later = f
+            .pool
+            .submit(STEP.task(Step::new("later")).delay(Duration::from_secs(60)))
+            .unwrap();
+        assert_eq!(dependencies(&later), []);
+
+        gate.open();
+        assert_eq!(wait(&c), succeeded("c"));
+        assert_eq!(dependencies(&c), [a.id(), b.id()], "still listed once ended");
+
+        // A dependent that a failure cancelled lists the failed task; brought back with it,
+        // it lists the new task it waits for instead.
+        let head = f.submit(
+            Step {
+                fail: true,
+                ..Step::new("head")
+            },
+            &[],
+        );
+        let tail = f.submit(Step::new("tail"), &[&head, &b]);
+        assert!(wait(&tail).is_cancelled());
+        assert_eq!(dependencies(&tail), [b.id(), head.id()]);
+        let again = f.pool.resubmit_with_dependents(STEP, head.id()).unwrap();
+        let &[(old, new_tail)] = again.dependents.as_slice() else {
+            panic!("one dependent comes back: {:?}", again.dependents);
+        };
+        assert_eq!(old, tail.id());
+        assert_eq!(
+            f.pool.info(new_tail).unwrap().dependencies,
+            [b.id(), again.task.id()]
+        );
+        assert!(wait(&again.task).is_failed());
+        clock.advance(Duration::from_secs(60));
+        assert!(wait(&later).is_succeeded());
+    }
+
     fn stats_count_the_blocked_tasks(builder) {
         let f = Fixture::new(builder, 2, None);
         let gate = Gate::new();

@@ -158,8 +158,8 @@ pub(crate) struct Extra {
     pub(crate) failure: Option<Failure>,
     /// The task a dead letter was resubmitted as.
     pub(crate) resubmitted_as: Option<Seq>,
-    /// The dependencies the task was submitted with (only while it has some), to bring it back
-    /// after a failed dependency cancelled it.
+    /// The dependencies the task was submitted with (only while it has some), sorted: to bring
+    /// it back after a failed dependency cancelled it, and for `TaskInfo::dependencies`.
     pub(crate) dependencies: Vec<Seq>,
     /// Of a dead letter: the dependents its failure cancelled, transitively, which keep their
     /// payloads until retention drops them.

@@ -1531,6 +1531,7 @@ impl State {
                 run_at: Some(self.epoch.instant(dormant.run_at)),
                 last_error: None,
                 resubmitted_as: None,
+                dependencies: Vec::new(),
             });
         };
         let extra = record.extra.as_deref();
@@ -1555,6 +1556,10 @@ impl State {
                     .or(e.last_error.clone())
             }),
             resubmitted_as: extra.and_then(|e| e.resubmitted_as).map(|seq| self.id(seq)),
+            // Kept sorted (`insert_as`), as the durable store lists them.
+            dependencies: extra.map_or_else(Vec::new, |e| {
+                e.dependencies.iter().map(|&seq| self.id(seq)).collect()
+            }),
         })
     }
 

@@ -1330,7 +1330,9 @@ impl Store for PgStore {
                     "SELECT type, status, run_at <= tasq_now(), COALESCE(base_priority, priority),
                             attempts,
                             EXTRACT(EPOCH FROM run_at - tasq_now())::FLOAT8, last_error, resubmitted_as,
-                            max_attempts, retry_base_us, retry_cap_us, timeout_us
+                            max_attempts, retry_base_us, retry_cap_us, timeout_us,
+                            ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = $1
+                                  ORDER BY 1)
                      FROM tasq_tasks WHERE id = $1",
                     &[&seq],
                 )
@@ -1359,6 +1361,11 @@ impl Store for PgStore {
             run_at: waiting.then(|| rows::instant_in(self.clock.now(), row.get(5))),
             last_error: row.get(6),
             resubmitted_as: row.get::<_, Option<i64>>(7).map(|s| self.id(s)),
+            dependencies: row
+                .get::<_, Vec<i64>>(12)
+                .into_iter()
+                .map(|s| self.id(s))
+                .collect(),
         })
     }
 
