@@ -259,6 +259,9 @@ pub struct Builder<S = Embedded> {
     thread_name: String,
     stack_size: Option<usize>,
     quiet_panics: bool,
+    /// Run on each worker thread before its first claim, and after its last.
+    worker_start: Option<worker::WorkerHook>,
+    worker_exit: Option<worker::WorkerHook>,
     oversight: Oversight,
     /// Which store the pool keeps its tasks in, and that store's own settings.
     store: S,
@@ -303,6 +306,8 @@ impl Builder<Embedded> {
             thread_name: "tasq-worker".to_owned(),
             stack_size: None,
             quiet_panics: false,
+            worker_start: None,
+            worker_exit: None,
             oversight: Oversight::default(),
             store: Embedded,
         }
@@ -312,8 +317,10 @@ impl Builder<Embedded> {
     ///
     /// The handler gets the task's [`Context`] and a reference to its payload (the pool keeps the
     /// payload for retries and dead letters). It may capture state (a client, a connection pool);
-    /// it runs on many threads at once, hence `Send + Sync`. Registering a name twice makes
-    /// [`build`](Builder::build) fail with [`BuildError::DuplicateType`].
+    /// it runs on many threads at once, hence `Send + Sync`. State it keeps in a
+    /// `thread_local!` instead is dropped when its worker thread ends, where a panicking `Drop`
+    /// aborts the process: drop it in [`on_worker_exit`](Builder::on_worker_exit). Registering
+    /// a name twice makes [`build`](Builder::build) fail with [`BuildError::DuplicateType`].
     ///
     /// # Examples
     ///
@@ -457,6 +464,8 @@ impl Builder<Embedded> {
             thread_name: self.thread_name,
             stack_size: self.stack_size,
             quiet_panics: self.quiet_panics,
+            worker_start: self.worker_start,
+            worker_exit: self.worker_exit,
             oversight: self.oversight,
             store: crate::postgres::Postgres::new(url.into()),
         }
@@ -799,6 +808,8 @@ impl<S> Builder<S> {
             stack_size: self.stack_size,
             quiet_panics: self.quiet_panics,
             seed: self.seed,
+            start_hook: self.worker_start,
+            exit_hook: self.worker_exit,
         };
         let rest = Checked {
             clock: self.clock,
@@ -1019,6 +1030,98 @@ impl<S> Builder<S> {
         self
     }
 
+    /// Calls `hook` on each worker thread as it starts, before it claims its first task, with
+    /// the worker's index (`0..workers`, as in its thread name `{prefix}-{index}`): to set up
+    /// what the thread's handlers share, a thread-local client or a thread's name in a log.
+    /// Replaces an earlier hook. Defaults to none.
+    ///
+    /// The hook runs inside `catch_unwind`, never under a lock of the pool, and may call back
+    /// into the pool (submit, read stats). A hook that panics is caught (the panic goes to the
+    /// process's panic hook, unless [`quiet_panics`](Builder::quiet_panics)), and its worker
+    /// starts as if it had returned: the pool keeps all its workers, and the worker's
+    /// [exit hook](Builder::on_worker_exit) still runs at the end. So do what a handler cannot do
+    /// without (a connection) in the handler, or check in the handler that the hook did it. A
+    /// hook that blocks holds back its worker's first claim; [`build`](Builder::build) does not
+    /// wait for the hooks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use tasq::Pool;
+    ///
+    /// let (started, rx) = mpsc::channel();
+    /// let pool = Pool::builder()
+    ///     .workers(2)
+    ///     .on_worker_start(move |index| started.send(index).unwrap())
+    ///     .build()?;
+    /// let mut indexes = vec![rx.recv()?, rx.recv()?];
+    /// indexes.sort_unstable();
+    /// assert_eq!(indexes, [0, 1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_worker_start<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(usize) + Send + Sync + 'static,
+    {
+        self.worker_start = Some(std::sync::Arc::new(hook));
+        self
+    }
+
+    /// Calls `hook` on each worker thread as it leaves, after its last task and before the
+    /// thread ends, with the worker's index (as [`on_worker_start`](Builder::on_worker_start)):
+    /// to close what the thread's handlers kept. Replaces an earlier hook. Defaults to none.
+    ///
+    /// It runs once the worker's loop is over: during [`Pool::shutdown`](crate::Pool::shutdown),
+    /// which waits for it (a hook that blocks holds the shutdown past its deadline), or after the
+    /// pool was dropped, which does not wait. Like the start hook it runs inside `catch_unwind`
+    /// and never under a lock: one that panics is caught, and the worker exits as it would
+    /// have. It may call back into the pool, which is closed by then (a submit is refused with
+    /// [`ShutDown`](crate::SubmitErrorKind::ShutDown)).
+    ///
+    /// **Thread-locals in handlers.** A value a handler keeps in a `thread_local!` (a database
+    /// client, say) is dropped when its worker thread ends, outside any `catch_unwind`: if its
+    /// `Drop` panics there, Rust aborts the whole process ("thread local panicked on drop"), and
+    /// the shutdown's deadline never applies. Take such values out of the thread-local in this
+    /// hook and drop them here, where a panic is caught.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::cell::RefCell;
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// struct Client; // a connection whose Drop may panic
+    /// thread_local! {
+    ///     static CLIENT: RefCell<Option<Client>> = const { RefCell::new(None) };
+    /// }
+    ///
+    /// const QUERY: TaskType<u32, ()> = TaskType::new("query");
+    /// let pool = Pool::builder()
+    ///     .workers(2)
+    ///     .register(QUERY, |_, _: &u32| {
+    ///         CLIENT.with(|c| {
+    ///             let mut client = c.borrow_mut();
+    ///             let _client: &mut Client = client.get_or_insert_with(|| Client); // connect once
+    ///         });
+    ///         Ok::<_, HandlerError>(())
+    ///     })
+    ///     // Dropped here, inside catch_unwind, not by the thread's end.
+    ///     .on_worker_exit(|_| drop(CLIENT.with(|c| c.borrow_mut().take())))
+    ///     .build()?;
+    /// pool.submit(QUERY.task(1))?.wait();
+    /// pool.shutdown(Duration::from_secs(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_worker_exit<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(usize) + Send + Sync + 'static,
+    {
+        self.worker_exit = Some(std::sync::Arc::new(hook));
+        self
+    }
+
     /// Calls `hook` with every [`Event`] of the pool: each dead letter, each stuck handler,
     /// each breaker change, each alert raised or cleared. Hooks run in order on one thread of
     /// their own (never on a worker, never under a lock), each inside `catch_unwind`: a hook
@@ -1220,6 +1323,8 @@ impl<S: fmt::Debug> fmt::Debug for Builder<S> {
             .field("seed", &self.seed)
             .field("thread_name", &self.thread_name)
             .field("quiet_panics", &self.quiet_panics)
+            .field("on_worker_start", &self.worker_start.is_some())
+            .field("on_worker_exit", &self.worker_exit.is_some())
             .field("oversight", &self.oversight)
             .field("store", &self.store)
             .finish_non_exhaustive()

@@ -25,7 +25,14 @@ pub(crate) struct Threads {
     pub(crate) quiet_panics: bool,
     /// Seeds the workers' random sources (retry jitter), for deterministic tests.
     pub(crate) seed: Option<u64>,
+    /// Run on each worker thread before its first claim (see `Builder::on_worker_start`).
+    pub(crate) start_hook: Option<WorkerHook>,
+    /// Run on each worker thread after its last task (see `Builder::on_worker_exit`).
+    pub(crate) exit_hook: Option<WorkerHook>,
 }
+
+/// A hook run on each worker thread with its index: user code.
+pub(crate) type WorkerHook = std::sync::Arc<dyn Fn(usize) + Send + Sync>;
 
 /// Starts the worker threads on `store`. If one cannot be started, the store is stopped, the
 /// threads already started are joined, and the error returned.
@@ -41,13 +48,17 @@ pub(crate) fn spawn<S: Store + 'static>(
         let name = format!("{}-{index}", threads.name);
         let quiet = threads.quiet_panics;
         let seed = threads.seed;
+        let (start_hook, exit_hook) = (threads.start_hook.clone(), threads.exit_hook.clone());
         let spawned = sync::spawn(name, threads.stack_size, move || {
             if quiet {
                 unwind::quiet_this_thread();
             }
+            // Dropped last: the store counts the worker out after its exit hook returned.
             let _exit = ExitGuard(&*worker_store);
+            run_hook(start_hook, index);
             let mut rng = rng(seed, index);
             supervise(&worker_store, &monitor, index, &mut rng);
+            run_hook(exit_hook, index);
         });
         match spawned {
             Ok(handle) => handles.push(handle),
@@ -65,6 +76,17 @@ pub(crate) fn spawn<S: Store + 'static>(
         }
     }
     Ok(handles)
+}
+
+/// Runs a worker hook (user code) on this worker's thread, with no lock held, inside
+/// `catch_unwind`: a hook that panics is reported by the panic hook and otherwise ignored (the
+/// worker goes on as if it had returned). This thread's reference to the hook is dropped there
+/// too.
+fn run_hook(hook: Option<WorkerHook>, index: usize) {
+    if let Some(hook) = hook {
+        let _ = unwind::catch(|| hook(index));
+        unwind::drop_quietly(hook);
+    }
 }
 
 /// The random source of worker `index`: seeded for deterministic tests, else from the OS.

@@ -166,6 +166,30 @@ impl TestBuilder {
         }
     }
 
+    /// Runs `hook` on each worker thread before its first claim (see `Builder::on_worker_start`).
+    pub fn on_worker_start<F>(self, hook: F) -> Self
+    where
+        F: Fn(usize) + Send + Sync + 'static,
+    {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b.on_worker_start(hook)),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => TestBuilder::Postgres(b.on_worker_start(hook), db),
+        }
+    }
+
+    /// Runs `hook` on each worker thread after its last task (see `Builder::on_worker_exit`).
+    pub fn on_worker_exit<F>(self, hook: F) -> Self
+    where
+        F: Fn(usize) + Send + Sync + 'static,
+    {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b.on_worker_exit(hook)),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => TestBuilder::Postgres(b.on_worker_exit(hook), db),
+        }
+    }
+
     /// Sends every event of the pool to the returned receiver.
     pub fn events(self) -> (Self, Receiver<tasq::Event>) {
         let (tx, rx) = crossbeam_channel::unbounded();
