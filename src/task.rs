@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::completion::Completion;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The id a pool gives a task when it accepts it: the pool's own id and a sequence number,
 /// unique within that pool and increasing with submission order.
@@ -200,6 +200,19 @@ pub(crate) enum Start {
     Now,
     After(Duration),
     At(Instant),
+    /// A wall-clock time (see [`Task::run_at_system_time`]).
+    AtSystem(SystemTime),
+}
+
+impl Start {
+    /// How long after `now_system` (the wall clock's reading at submit) a wall-clock start
+    /// is: zero for a time in the past. `None` for the other starts.
+    pub(crate) fn system_delay(self, now_system: SystemTime) -> Option<Duration> {
+        match self {
+            Start::AtSystem(at) => Some(at.duration_since(now_system).unwrap_or_default()),
+            _ => None,
+        }
+    }
 }
 
 /// A task ready to submit: a payload and its options.
@@ -320,6 +333,44 @@ impl<P, O> Task<P, O> {
     /// ```
     pub fn run_at(mut self, at: Instant) -> Self {
         self.start = Start::At(at);
+        self
+    }
+
+    /// Runs the task no earlier than `at`, a wall-clock time: "at 03:00 UTC", a time read from
+    /// a database or a message. Replaces an earlier [`delay`](Task::delay) or
+    /// [`run_at`](Task::run_at). A time in the past means now.
+    ///
+    /// On the embedded store, and on any pool with a [`ManualClock`](crate::ManualClock), the
+    /// time is turned into a due time on the pool's clock when the task is submitted: as far
+    /// ahead of the pool's now as `at` is ahead of [`SystemTime::now`] then (so a later change
+    /// of the system's clock does not move it). On the durable store with the system clock,
+    /// the due time is `at` itself, compared with the database's clock, the one clock every
+    /// process of the fleet shares (a time the database already passed means now). A time more
+    /// than 584 years ahead is refused at submit with
+    /// [`SubmitErrorKind::TimeOverflow`](crate::SubmitErrorKind::TimeOverflow).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// use tasq::{HandlerError, Pool, SubmitErrorKind, TaskState, TaskType};
+    ///
+    /// const REPORT: TaskType<(), ()> = TaskType::new("report");
+    /// let pool = Pool::builder().workers(1).register(REPORT, |_, _: &()| Ok::<_, HandlerError>(())).build()?;
+    /// let tonight = SystemTime::now() + Duration::from_secs(6 * 3600);
+    /// let later = pool.submit(REPORT.task(()).run_at_system_time(tonight))?;
+    /// assert_eq!(later.status(), TaskState::Scheduled);
+    ///
+    /// let past = pool.submit(REPORT.task(()).run_at_system_time(SystemTime::UNIX_EPOCH))?;
+    /// assert!(past.wait().is_succeeded());
+    ///
+    /// let far = SystemTime::now() + Duration::from_secs(600 * 366 * 24 * 3600);
+    /// let refused = pool.submit(REPORT.task(()).run_at_system_time(far)).unwrap_err();
+    /// assert_eq!(refused.kind(), &SubmitErrorKind::TimeOverflow);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_at_system_time(mut self, at: SystemTime) -> Self {
+        self.start = Start::AtSystem(at);
         self
     }
 

@@ -2,7 +2,7 @@
 //! (`intake.rs`); one with dependencies or a key takes the lock for its checks.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use super::intake::{Announced, Entry};
 use super::{Effects, MemoryStore, NewTask};
@@ -19,6 +19,10 @@ impl MemoryStore {
             Start::Now => Some(now),
             Start::At(at) => Some(at),
             Start::After(delay) => now.checked_add(delay),
+            // As far ahead of the pool's now as it is ahead of the wall clock's.
+            Start::AtSystem(_) => start
+                .system_delay(SystemTime::now())
+                .and_then(|ahead| now.checked_add(ahead)),
         };
         run_at
             .filter(|&at| at <= self.latest_run_at())

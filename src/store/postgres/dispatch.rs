@@ -732,6 +732,7 @@ pub(super) fn revive(
         payload: &payload,
         priority: row.get(2),
         delay_us: 0,
+        at_us: None,
         settings: (row.get(8), row.get(9), row.get(10), row.get(11)),
         key: key.as_deref(),
     };
@@ -794,6 +795,7 @@ pub(super) fn revive(
                 payload: &payload,
                 priority: row.get(3),
                 delay_us: 0,
+                at_us: None,
                 settings: (row.get(5), row.get(7), row.get(8), row.get(9)),
                 key: key.as_deref(),
             };

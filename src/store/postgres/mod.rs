@@ -805,6 +805,10 @@ struct Insert<'a> {
     payload: &'a Value,
     priority: i16,
     delay_us: i64,
+    /// A wall-clock due time, in microseconds since the epoch, in place of the delay: the
+    /// row's `run_at` is that time itself, or the database's now if that passed already (see
+    /// [`PgStore::wall_clock_due`]).
+    at_us: Option<i64>,
     /// The task's settings as their columns (see `rows::settings_columns`).
     settings: rows::SettingsColumns,
     key: Option<&'a str>,
@@ -889,7 +893,12 @@ fn insert_task(
             "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
                                      pending_deps, cancel_reason, cancel_cause, finished_at,
                                      retry_base_us, retry_cap_us, timeout_us)
-             VALUES ($1, $2, $3, $4, $5, tasq_now() + interval '1 microsecond' * $6::BIGINT, $7, $8, $9, $10,
+             VALUES ($1, $2, $3, $4, $5,
+                     CASE WHEN $14::BIGINT IS NULL
+                          THEN tasq_now() + interval '1 microsecond' * $6::BIGINT
+                          ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * $14,
+                                        tasq_now()) END,
+                     $7, $8, $9, $10,
                      CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13)
              ON CONFLICT (key) WHERE key IS NOT NULL
                  AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
@@ -908,6 +917,7 @@ fn insert_task(
                 &task.settings.1,
                 &task.settings.2,
                 &task.settings.3,
+                &task.at_us,
             ],
         )?;
         if let Some(row) = inserted {
@@ -991,17 +1001,20 @@ fn insert_batch(
         let bases: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.1).collect();
         let caps: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.2).collect();
         let timeouts: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.3).collect();
+        let ats: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].at_us).collect();
         // ids come from the sequence in the select's order, so sorted ids follow the batch.
         let rows = tx.query(
             "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts,
                                      retry_base_us, retry_cap_us, timeout_us)
              SELECT t.type, t.payload, t.priority, 'ready',
-                    tasq_now() + interval '1 microsecond' * t.delay, t.max_attempts,
-                    t.base, t.cap, t.timeout
+                    CASE WHEN t.at IS NULL THEN tasq_now() + interval '1 microsecond' * t.delay
+                         ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * t.at,
+                                       tasq_now()) END,
+                    t.max_attempts, t.base, t.cap, t.timeout
              FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[],
-                         $6::BIGINT[], $7::BIGINT[], $8::BIGINT[])
+                         $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[])
                   WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, base, cap,
-                                       timeout, n)
+                                       timeout, at, n)
              ORDER BY t.n
              RETURNING id",
             &[
@@ -1013,6 +1026,7 @@ fn insert_batch(
                 &bases,
                 &caps,
                 &timeouts,
+                &ats,
             ],
         )?;
         let mut ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
@@ -1725,13 +1739,18 @@ impl Store for PgStore {
 
 impl PgStore {
     /// A submission's payload as JSON (its `Serialize` is user code, run inside
-    /// `catch_unwind`), and its delay.
+    /// `catch_unwind`), and its delay (for a wall-clock time, as far as this process's clock
+    /// sees: the row takes the time itself, see [`wall_clock_due`](PgStore::wall_clock_due)).
     fn prepare(&self, task: &Submission<'_>) -> Result<(Value, Duration), SubmitErrorKind> {
         let codec = self.codec(task.type_index);
         let delay = match task.start {
             Start::Now => Duration::ZERO,
             Start::After(delay) => delay,
             Start::At(at) => at.saturating_duration_since(self.clock.now()),
+            Start::AtSystem(_) => task
+                .start
+                .system_delay(std::time::SystemTime::now())
+                .unwrap_or_default(),
         };
         // The embedded store's bound: 2^64 ns (about 584 years) from now.
         if delay > Duration::from_nanos(u64::MAX) || self.clock.now().checked_add(delay).is_none() {
@@ -1741,6 +1760,26 @@ impl PgStore {
             .encode_payload(task.payload.peek())
             .map_err(SubmitErrorKind::Unserializable)?;
         Ok((value, delay))
+    }
+
+    /// The due time of a task that starts at a wall-clock time, as the row keeps it: that time
+    /// itself, in microseconds since the epoch. The database compares it with its own clock,
+    /// which every process of the fleet shares, instead of this process's idea of how far
+    /// away it is: with the row, `run_at = GREATEST(that time, tasq_now())`, so a time the
+    /// database's clock already passed is now, and ready tasks keep their order. `None` for
+    /// other starts, and on a manual clock, whose `tasq_now()` is a test's time: the delay, as
+    /// far ahead of now as the time is ahead of the wall clock, stands in for it then, as on
+    /// the embedded store. A time before the epoch is long past: now.
+    fn wall_clock_due(&self, start: Start) -> Option<i64> {
+        let Start::AtSystem(at) = start else {
+            return None;
+        };
+        if self.manual_base_us.is_some() {
+            return None;
+        }
+        let since_epoch = at.duration_since(std::time::UNIX_EPOCH).ok()?;
+        // `prepare` refused what lies more than 584 years ahead: this fits.
+        Some(rows::micros(since_epoch))
     }
 
     fn insert_parts<'a>(
@@ -1754,6 +1793,7 @@ impl PgStore {
             payload,
             priority: i16::from(task.priority),
             delay_us: rows::micros(delay),
+            at_us: self.wall_clock_due(task.start),
             settings: rows::settings_columns(&task.settings),
             key: task.key,
         }
