@@ -219,6 +219,14 @@ pub enum CancelError {
     /// unchanged unless the connection broke as the cancel committed.
     #[error("cancelling {0} failed in the store: {1}")]
     Store(TaskId, String),
+    /// No live or succeeded task holds this idempotency key (see
+    /// [`Pool::cancel_key`](crate::Pool::cancel_key)).
+    #[error("no live or succeeded task holds the key `{0}`")]
+    UnknownKey(String),
+    /// As [`Store`](CancelError::Store), for a cancel by key (the first string): the key's
+    /// holder, if any, is unchanged.
+    #[error("cancelling the task with key `{0}` failed in the store: {1}")]
+    StoreByKey(String, String),
 }
 
 /// Why a dead letter could not be resubmitted.

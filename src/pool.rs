@@ -244,6 +244,61 @@ impl Pool {
         self.store.cancel(id)
     }
 
+    /// The task holding idempotency key `key` (see [`Task::key`]): one that is live (not
+    /// finished) or has succeeded and is still remembered. `None` if no such task holds it: never
+    /// used, or its holder failed or was cancelled (which freed the key), or was forgotten by
+    /// retention. On the durable store, any pool's task on the database (`None` too if the
+    /// database cannot be read).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, Pool, TaskType};
+    /// const CHARGE: TaskType<u32, ()> = TaskType::new("charge");
+    /// let pool = Pool::builder().workers(1).register(CHARGE, |_, _: &u32| Ok::<_, HandlerError>(())).build()?;
+    /// let later = pool.submit(CHARGE.task(500).key("order-17").delay(Duration::from_secs(60)))?;
+    /// assert_eq!(pool.find_key("order-17"), Some(later.id()));
+    /// assert_eq!(pool.find_key("order-18"), None);
+    /// later.cancel()?; // frees the key
+    /// assert_eq!(pool.find_key("order-17"), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn find_key(&self, key: &str) -> Option<TaskId> {
+        self.store.find_key(key)
+    }
+
+    /// Cancels the task holding idempotency key `key`, as [`cancel`](Pool::cancel) does, in one
+    /// step with finding it (no other task can take the key in between); returns the task's id
+    /// and what the cancel did. The holder is the task [`find_key`](Pool::find_key) names: live,
+    /// or succeeded ([`CancelOutcome::AlreadyFinished`] then). A task the cancel ends frees the
+    /// key.
+    ///
+    /// # Errors
+    ///
+    /// [`CancelError::UnknownKey`] if no live or succeeded task holds `key`;
+    /// [`CancelError::StoreByKey`] if the durable store could not reach its database.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{CancelError, CancelOutcome, HandlerError, Pool, TaskType};
+    /// const CHARGE: TaskType<u32, ()> = TaskType::new("charge");
+    /// let pool = Pool::builder().workers(1).register(CHARGE, |_, _: &u32| Ok::<_, HandlerError>(())).build()?;
+    /// let later = pool.submit(CHARGE.task(500).key("order-17").delay(Duration::from_secs(60)))?;
+    /// assert_eq!(pool.cancel_key("order-17"), Ok((later.id(), CancelOutcome::Cancelled)));
+    /// assert!(later.wait().is_cancelled());
+    /// assert_eq!(pool.cancel_key("order-17"), Err(CancelError::UnknownKey("order-17".into())));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
+        let (id, outcome) = self.store.cancel_key(key)?;
+        crate::trace::cancelled(id);
+        Ok((id, outcome))
+    }
+
     /// A task's state, if the pool still remembers it.
     ///
     /// # Examples

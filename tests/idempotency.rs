@@ -1,7 +1,7 @@
 //! Idempotency keys: concurrent submits of one key make one task; a key matches only live and
 //! succeeded tasks (a failed or cancelled one frees it), and a succeeded one's key is free again
 //! once retention has forgotten the task; a deduplicated submit says so; a resubmitted dead
-//! letter takes its key back. On both stores.
+//! letter takes its key back; a key finds and cancels its holder. On both stores.
 
 mod support_store;
 
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
 use support_store::{GATE, Gate, TestBuilder, TestPool, finish, settle_retention};
-use tasq::{HandlerError, Outcome, TaskState, TaskType};
+use tasq::{CancelError, CancelOutcome, CancelReason, HandlerError, Outcome, TaskState, TaskType};
 
 /// Counts its runs; returns the payload and the run number.
 const CHARGE: TaskType<u32, (u32, usize)> = TaskType::new("charge");
@@ -185,6 +185,64 @@ conformance! {
         let again = pool.submit(PICKY.task(7).key("c")).unwrap();
         assert!(!again.is_duplicate());
         assert_eq!(finish(&again), Outcome::Succeeded(7));
+        pool.check_invariants().unwrap();
+    }
+
+    fn find_key_names_the_live_or_succeeded_holder_of_a_key(builder) {
+        let pool = picky_pool(builder);
+        assert_eq!(pool.find_key("k"), None, "never used");
+        let hour = std::time::Duration::from_secs(3600);
+        let later = pool.submit(PICKY.task(1).key("later").delay(hour)).unwrap();
+        assert_eq!(pool.find_key("later"), Some(later.id()));
+        let done = pool.submit(PICKY.task(2).key("done")).unwrap();
+        assert_eq!(finish(&done), Outcome::Succeeded(2));
+        assert_eq!(pool.find_key("done"), Some(done.id()), "a succeeded holder");
+        let failed = pool.submit(PICKY.task(0).key("failed")).unwrap();
+        assert!(finish(&failed).is_failed());
+        assert_eq!(pool.find_key("failed"), None, "a failure frees the key");
+        // A plain task has no key to find.
+        let plain = pool.submit(PICKY.task(3)).unwrap();
+        assert_eq!(finish(&plain), Outcome::Succeeded(3));
+        assert_eq!(pool.find_key(""), None);
+        later.cancel().unwrap();
+        assert_eq!(pool.find_key("later"), None, "a cancel frees the key");
+    }
+
+    fn cancel_key_cancels_the_holder_of_a_key_as_cancel_does(builder) {
+        let pool = picky_pool(builder);
+        let hour = std::time::Duration::from_secs(3600);
+        assert_eq!(pool.cancel_key("k"), Err(CancelError::UnknownKey("k".to_owned())));
+
+        // Not started: cancelled at once, with its dependents, and the key is free again.
+        let later = pool.submit(PICKY.task(1).key("later").delay(hour)).unwrap();
+        let child = pool.submit(PICKY.task(2).after([later.id()])).unwrap();
+        assert_eq!(pool.cancel_key("later"), Ok((later.id(), CancelOutcome::Cancelled)));
+        assert_eq!(finish(&later), Outcome::Cancelled(CancelReason::Requested));
+        assert_eq!(
+            finish(&child),
+            Outcome::Cancelled(CancelReason::DependencyCancelled(later.id()))
+        );
+        assert_eq!(pool.find_key("later"), None);
+        assert_eq!(pool.cancel_key("later"), Err(CancelError::UnknownKey("later".to_owned())));
+        let again = pool.submit(PICKY.task(3).key("later")).unwrap();
+        assert!(!again.is_duplicate());
+        assert_eq!(finish(&again), Outcome::Succeeded(3));
+
+        // Succeeded: still the holder, nothing to cancel.
+        assert_eq!(
+            pool.cancel_key("later"),
+            Ok((again.id(), CancelOutcome::AlreadyFinished(TaskState::Succeeded)))
+        );
+        assert_eq!(pool.find_key("later"), Some(again.id()));
+
+        // Running: its token fires, and it ends cancelled.
+        let gate = Gate::new();
+        let running = pool.submit(GATE.task(gate.number()).key("running")).unwrap();
+        gate.wait_started();
+        assert_eq!(pool.cancel_key("running"), Ok((running.id(), CancelOutcome::Signalled)));
+        gate.open();
+        assert_eq!(finish(&running), Outcome::Cancelled(CancelReason::Requested));
+        assert_eq!(pool.find_key("running"), None);
         pool.check_invariants().unwrap();
     }
 

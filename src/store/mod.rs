@@ -171,6 +171,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError>;
 
+    /// The live or succeeded task holding idempotency key `key`, if any.
+    fn find_key(&self, key: &str) -> Option<TaskId>;
+
+    /// Cancels the live or succeeded task holding `key`, as [`cancel`](Store::cancel) does, in
+    /// one step with finding it; returns its id with what the cancel did.
+    fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError>;
+
     fn status(&self, id: TaskId) -> Option<TaskState>;
 
     fn info(&self, id: TaskId) -> Option<TaskInfo>;

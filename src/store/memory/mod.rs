@@ -470,6 +470,23 @@ impl Store for MemoryStore {
         })
     }
 
+    fn find_key(&self, key: &str) -> Option<TaskId> {
+        self.read(|state, _| state.key_holder(key))
+    }
+
+    fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
+        // Found and cancelled under one lock: no other task can take the key in between.
+        let cancelled = self.transition(|state, now, effects| {
+            let id = state.key_holder(key)?;
+            Some(
+                state
+                    .cancel(id, CancelReason::Requested, now, effects)
+                    .map(|outcome| (id, outcome)),
+            )
+        });
+        cancelled.unwrap_or_else(|| Err(CancelError::UnknownKey(key.to_owned())))
+    }
+
     fn status(&self, id: TaskId) -> Option<TaskState> {
         self.read(|state, _| state.status(id))
     }

@@ -402,6 +402,11 @@ impl State {
         self.stamp_memo.1
     }
 
+    /// The live or succeeded task holding `key` (invariant 8), read only.
+    pub(crate) fn key_holder(&self, key: &str) -> Option<TaskId> {
+        self.keys.get(key).map(|&seq| self.id(seq))
+    }
+
     /// The live or succeeded task holding `key` (invariant 8), and its type.
     pub(crate) fn find_key(&mut self, key: &str) -> Option<(TaskId, u32, Arc<Completion>)> {
         let seq = *self.keys.get(key)?;

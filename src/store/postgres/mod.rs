@@ -1269,57 +1269,39 @@ impl Store for PgStore {
 
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         let seq = self.seq(id).ok_or(CancelError::UnknownTask(id))?;
-        let result = self.with_conn(|client| {
-            let mut tx = client.transaction()?;
-            let Some(row) = tx.query_opt(
-                "SELECT status, has_dependents FROM tasq_tasks WHERE id = $1 FOR UPDATE",
-                &[&seq],
-            )?
-            else {
-                return Ok(None);
-            };
-            let status: String = row.get(0);
-            let mut done = Vec::new();
-            let outcome = match status.as_str() {
-                "blocked" | "ready" => {
-                    tx.execute(
-                        "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
-                         finished_at = tasq_now() WHERE id = $1",
-                        &[&seq],
-                    )?;
-                    dispatch::cascade_ended(&mut tx, seq, "cancelled", row.get(1), &mut done)?;
-                    dispatch::notify_changes(&mut tx, false, &done)?;
-                    CancelOutcome::Cancelled
-                }
-                "running" => {
-                    tx.execute(
-                        "UPDATE tasq_tasks SET cancel_requested = 'requested' WHERE id = $1
-                         AND cancel_requested IS NULL",
-                        &[&seq],
-                    )?;
-                    notify(&mut tx, &format!("cancel:{seq}"))?;
-                    CancelOutcome::Signalled
-                }
-                other => CancelOutcome::AlreadyFinished(rows::state_of(other, true)),
-            };
-            tx.commit()?;
-            Ok(Some((outcome, done)))
-        });
-        match result {
-            Ok(Some((outcome, done))) => {
-                match outcome {
-                    CancelOutcome::Cancelled => {
-                        // The task and the dependents it took with it.
-                        self.count(|t| t.cancelled += done.len() as u64);
-                        self.publish_ended(&done);
-                    }
-                    CancelOutcome::Signalled => self.fire_local(seq),
-                    CancelOutcome::AlreadyFinished(_) => {}
-                }
-                Ok(outcome)
-            }
+        match self.cancel_row(
+            "SELECT id, status, has_dependents FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+            &seq,
+        ) {
+            Ok(Some((_, outcome))) => Ok(outcome),
             Ok(None) => Err(CancelError::UnknownTask(id)),
             Err(error) => Err(CancelError::Store(id, error)),
+        }
+    }
+
+    fn find_key(&self, key: &str) -> Option<TaskId> {
+        let row = self
+            .with_conn(|c| {
+                c.query_opt(
+                    "SELECT id FROM tasq_tasks WHERE key = $1
+                     AND status IN ('blocked', 'ready', 'running', 'succeeded')",
+                    &[&key],
+                )
+            })
+            .ok()??;
+        Some(self.id(row.get(0)))
+    }
+
+    fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
+        // The holder is locked as it is found: it holds the key until the cancel commits.
+        match self.cancel_row(
+            "SELECT id, status, has_dependents FROM tasq_tasks WHERE key = $1
+             AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR UPDATE",
+            &key,
+        ) {
+            Ok(Some((seq, outcome))) => Ok((self.id(seq), outcome)),
+            Ok(None) => Err(CancelError::UnknownKey(key.to_owned())),
+            Err(error) => Err(CancelError::StoreByKey(key.to_owned(), error)),
         }
     }
 
@@ -1760,6 +1742,62 @@ impl PgStore {
             .encode_payload(task.payload.peek())
             .map_err(SubmitErrorKind::Unserializable)?;
         Ok((value, delay))
+    }
+
+    /// Cancels the task that `lookup` finds and locks (`$1` is `param`; it returns the row's
+    /// `id, status, has_dependents`), as [`Store::cancel`] does: one not started ends cancelled
+    /// with its dependents, a running one has its cancel asked for. `None` if no row matched.
+    fn cancel_row(
+        &self,
+        lookup: &str,
+        param: &(dyn postgres::types::ToSql + Sync),
+    ) -> Result<Option<(i64, CancelOutcome)>, String> {
+        let result = self.with_conn(|client| {
+            let mut tx = client.transaction()?;
+            let Some(row) = tx.query_opt(lookup, &[param])? else {
+                return Ok(None);
+            };
+            let seq: i64 = row.get(0);
+            let status: String = row.get(1);
+            let mut done = Vec::new();
+            let outcome = match status.as_str() {
+                "blocked" | "ready" => {
+                    tx.execute(
+                        "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
+                         finished_at = tasq_now() WHERE id = $1",
+                        &[&seq],
+                    )?;
+                    dispatch::cascade_ended(&mut tx, seq, "cancelled", row.get(2), &mut done)?;
+                    dispatch::notify_changes(&mut tx, false, &done)?;
+                    CancelOutcome::Cancelled
+                }
+                "running" => {
+                    tx.execute(
+                        "UPDATE tasq_tasks SET cancel_requested = 'requested' WHERE id = $1
+                         AND cancel_requested IS NULL",
+                        &[&seq],
+                    )?;
+                    notify(&mut tx, &format!("cancel:{seq}"))?;
+                    CancelOutcome::Signalled
+                }
+                other => CancelOutcome::AlreadyFinished(rows::state_of(other, true)),
+            };
+            tx.commit()?;
+            Ok(Some((seq, outcome, done)))
+        })?;
+        let Some((seq, outcome, done)) = result else {
+            return Ok(None);
+        };
+        match outcome {
+            CancelOutcome::Cancelled => {
+                // The task and the dependents it took with it.
+                self.count(|t| t.cancelled += done.len() as u64);
+                self.publish_ended(&done);
+            }
+            CancelOutcome::Signalled => self.fire_local(seq),
+            CancelOutcome::AlreadyFinished(_) => {}
+        }
+        Ok(Some((seq, outcome)))
     }
 
     /// The due time of a task that starts at a wall-clock time, as the row keeps it: that time
