@@ -117,7 +117,7 @@ pub use limit::RateLimit;
 pub use metrics::{Histogram, Metrics, RUN_TIME_BUCKETS, RunCounts, TypeMetrics};
 pub use pool::Pool;
 pub use retry::{HandlerError, ResultExt, RetryPolicy};
-pub use stats::{ShutdownReport, Stats, TaskInfo, Totals, TypeStats};
+pub use stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 #[cfg(feature = "postgres")]
 pub use submit::Receipt;
 pub use task::{

@@ -9,7 +9,7 @@ use crate::error::{CancelError, ResubmitError, SubmitError, WaitError};
 use crate::handle::{Resubmitted, TaskHandle};
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
-use crate::stats::{ShutdownReport, Stats, TaskInfo, TypeStats};
+use crate::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, TypeStats};
 use crate::store::Store;
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
 use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
@@ -333,6 +333,51 @@ impl Pool {
     #[must_use]
     pub fn info(&self, id: TaskId) -> Option<TaskInfo> {
         self.store.info(id)
+    }
+
+    /// A page of the tasks the pool remembers that `filter` keeps (of one state, of one type,
+    /// or both), in id order: at most `limit`, starting after `after` (from the first with
+    /// `None`). Pass the last id of a page to get the next: a page starts where the last one
+    /// ended (keyset paging), so tasks added or ended meanwhile shift no page, and the
+    /// next page costs what the first did. Each task as [`info`](Pool::info) tells it.
+    ///
+    /// On the embedded store the page is read under the pool's lock, copying only what the
+    /// pool itself made (states, counts, error texts; no payload or output), by walking the ids
+    /// from `after` or, if fewer, the records (see `State::tasks`). On the durable store it is
+    /// one statement over an index of state and id (or of type, state and id; schema version
+    /// 4), starting at `after`: a page reads about `limit` index entries, not the table, except
+    /// that ready and scheduled tasks share an index range (they differ only by their due
+    /// time, which the page reads as it goes) and that running tasks, a few, are all read and
+    /// sorted. It lists the tasks of every pool on the database; an empty page if the database
+    /// cannot be read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, Pool, TaskFilter, TaskState, TaskType};
+    ///
+    /// const REPORT: TaskType<u32, ()> = TaskType::new("report");
+    /// let pool = Pool::builder().workers(1).register(REPORT, |_, _: &u32| Ok::<_, HandlerError>(())).build()?;
+    /// for n in 0..5 {
+    ///     pool.submit(REPORT.task(n).delay(Duration::from_secs(3600)))?;
+    /// }
+    /// let scheduled = TaskFilter::new().state(TaskState::Scheduled).task_type(REPORT.name());
+    /// let mut pages = Vec::new();
+    /// let mut after = None;
+    /// loop {
+    ///     let page = pool.tasks(&scheduled, after, 2);
+    ///     let Some(last) = page.last() else { break };
+    ///     after = Some(last.id);
+    ///     pages.push(page.len());
+    /// }
+    /// assert_eq!(pages, [2, 2, 1]);
+    /// assert!(pool.tasks(&TaskFilter::new().state(TaskState::Running), None, 10).is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn tasks(&self, filter: &TaskFilter, after: Option<TaskId>, limit: usize) -> Vec<TaskInfo> {
+        self.store.tasks(filter, after, limit)
     }
 
     /// A handle to a task the pool still remembers, for example a resubmitted dead letter.

@@ -1,4 +1,5 @@
-//! Snapshots: the pool's counts, one task's details, and the shutdown report.
+//! Snapshots: the pool's counts, one task's details (and which tasks to list), and the
+//! shutdown report.
 
 use std::time::{Duration, Instant};
 
@@ -160,6 +161,93 @@ pub struct TaskInfo {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub dependencies: Vec<TaskId>,
+}
+
+/// Which tasks [`Pool::tasks`](crate::Pool::tasks) lists: those in one state, of one type, or
+/// both. Defaults to every task the pool remembers.
+///
+/// # Examples
+///
+/// ```
+/// use tasq::{TaskFilter, TaskState};
+/// let failed_imports = TaskFilter::new().state(TaskState::Failed).task_type("import");
+/// assert_eq!(failed_imports.get_state(), Some(TaskState::Failed));
+/// assert_eq!(failed_imports.get_task_type(), Some("import"));
+/// assert_eq!(TaskFilter::new().get_state(), None);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    state: Option<TaskState>,
+    task_type: Option<String>,
+}
+
+impl TaskFilter {
+    /// Every task: no state, no type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let all = tasq::TaskFilter::new();
+    /// assert_eq!((all.get_state(), all.get_task_type()), (None, None));
+    /// ```
+    pub fn new() -> Self {
+        TaskFilter::default()
+    }
+
+    /// Only tasks in `state` (replaces an earlier state). [`Scheduled`](TaskState::Scheduled)
+    /// and [`Ready`](TaskState::Ready) are told apart by the pool's clock as the page is read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{TaskFilter, TaskState};
+    /// let running = TaskFilter::new().state(TaskState::Running);
+    /// assert_eq!(running.get_state(), Some(TaskState::Running));
+    /// ```
+    pub fn state(mut self, state: TaskState) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only tasks of the type named `name` (replaces an earlier type): a
+    /// [`TaskType::name`](crate::TaskType::name), or, on the durable store, any type name in
+    /// the database.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{TaskFilter, TaskType};
+    /// const EMAIL: TaskType<String, ()> = TaskType::new("email");
+    /// let emails = TaskFilter::new().task_type(EMAIL.name());
+    /// assert_eq!(emails.get_task_type(), Some("email"));
+    /// ```
+    pub fn task_type(mut self, name: impl Into<String>) -> Self {
+        self.task_type = Some(name.into());
+        self
+    }
+
+    /// The state it keeps, if it keeps one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{TaskFilter, TaskState};
+    /// assert_eq!(TaskFilter::new().state(TaskState::Ready).get_state(), Some(TaskState::Ready));
+    /// ```
+    pub fn get_state(&self) -> Option<TaskState> {
+        self.state
+    }
+
+    /// The type name it keeps, if it keeps one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(tasq::TaskFilter::new().task_type("email").get_task_type(), Some("email"));
+    /// ```
+    pub fn get_task_type(&self) -> Option<&str> {
+        self.task_type.as_deref()
+    }
 }
 
 /// What [`Pool::shutdown`](crate::Pool::shutdown) did.

@@ -23,7 +23,7 @@ use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::{Registry, Settings};
-use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
+use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::sync::Arc;
 use crate::task::{CancelOutcome, Dependency, Failure, FailureReason, Start, TaskId, TaskState};
 
@@ -181,6 +181,10 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     fn status(&self, id: TaskId) -> Option<TaskState>;
 
     fn info(&self, id: TaskId) -> Option<TaskInfo>;
+
+    /// A page of the tasks `filter` keeps, by id: at most `limit`, from the first after `after`
+    /// (the first of all with `None`), as [`dead_letters`](Store::dead_letters) pages.
+    fn tasks(&self, filter: &TaskFilter, after: Option<TaskId>, limit: usize) -> Vec<TaskInfo>;
 
     /// Someone waits for `id`'s outcome through `completion`, which is not published yet. A
     /// store whose tasks may end in another process makes sure the outcome reaches it; the

@@ -115,7 +115,7 @@ use crate::event::Events;
 use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
-use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
+use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{
     Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak, yield_now,
@@ -493,6 +493,26 @@ impl Store for MemoryStore {
 
     fn info(&self, id: TaskId) -> Option<TaskInfo> {
         self.read(|state, _| state.info(id, &self.registry))
+    }
+
+    fn tasks(&self, filter: &TaskFilter, after: Option<TaskId>, limit: usize) -> Vec<TaskInfo> {
+        // Ids run in pool order, as the dead letters' pages do.
+        let after = match after {
+            Some(id) if id.pool() == self.pool_id => id.seq(),
+            Some(id) if id.pool() > self.pool_id => return Vec::new(),
+            _ => 0,
+        };
+        let type_index = match filter.get_task_type() {
+            Some(name) => match self.registry.index_of(name) {
+                Some(index) => Some(index),
+                // A type this pool does not register has no task here.
+                None => return Vec::new(),
+            },
+            None => None,
+        };
+        self.read(|state, _| {
+            state.tasks(&self.registry, filter.get_state(), type_index, after, limit)
+        })
     }
 
     fn completion_of(&self, id: TaskId) -> Option<(u32, Arc<Completion>)> {

@@ -1568,6 +1568,58 @@ impl State {
         })
     }
 
+    /// A page of [`Store::tasks`](crate::store::Store::tasks): the tasks after sequence number
+    /// `after` (0: from the first) in `state` (if given) of type `type_index` (if given), at
+    /// most `limit`, by id.
+    ///
+    /// Records are kept by id in a hash map, so the page is found one of two ways, whichever
+    /// reads fewer entries: walking the ids from `after` up, one lookup each, until the page
+    /// is full (a page of a common state costs about its length; the walk stops at the last
+    /// id given), or one pass over every record keeping the `limit` smallest ids that match (in
+    /// a heap). Only engine values are copied under the lock: no payload, no output.
+    pub(crate) fn tasks(
+        &self,
+        registry: &Registry,
+        state: Option<TaskState>,
+        type_index: Option<u32>,
+        after: Seq,
+        limit: usize,
+    ) -> Vec<TaskInfo> {
+        if limit == 0 {
+            return Vec::new();
+        }
+        let keeps = |task_state: TaskState, task_type: u32| {
+            state.is_none_or(|s| s == task_state) && type_index.is_none_or(|t| t == task_type)
+        };
+        let matches = |seq: &Seq| match self.records.get(seq) {
+            Some(record) => keeps(record.state, record.type_index),
+            None => self
+                .dormant
+                .get(seq)
+                .is_some_and(|d| keeps(TaskState::Scheduled, d.type_index)),
+        };
+        let from = after.saturating_add(1);
+        let end = self.next_seq.load(Ordering::Acquire);
+        let known = (self.records.len() + self.dormant.len()) as u64;
+        let seqs: Vec<Seq> = if end.saturating_sub(from) <= known.saturating_mul(2) {
+            (from..end).filter(matches).take(limit).collect()
+        } else {
+            let mut smallest = std::collections::BinaryHeap::new();
+            let candidates = self.records.keys().chain(self.dormant.keys());
+            for &seq in candidates.filter(|&&seq| seq >= from && matches(&seq)) {
+                // A max-heap of the smallest ids so far: the largest goes when one more fits.
+                smallest.push(seq);
+                if smallest.len() > limit {
+                    smallest.pop();
+                }
+            }
+            smallest.into_sorted_vec()
+        };
+        seqs.into_iter()
+            .filter_map(|seq| self.info(self.id(seq), registry))
+            .collect()
+    }
+
     pub(crate) fn stats(&mut self, now: Instant) -> Stats {
         let records = &self.records;
         let is_live = |id| {

@@ -39,6 +39,17 @@
 //! `Local` is the only state under a lock here; SQL never runs while it is held, nor does user
 //! code (payloads are decoded, outputs encoded and values dropped outside it).
 
+/// The columns [`PgStore::info_of_row`] reads, of a row `t` of `tasq_tasks` (a macro, so that
+/// statements `concat!` it).
+macro_rules! info_columns {
+    () => {
+        "t.type, t.status, t.run_at <= tasq_now(), COALESCE(t.base_priority, t.priority), \
+         t.attempts, EXTRACT(EPOCH FROM t.run_at - tasq_now())::FLOAT8, t.last_error, \
+         t.resubmitted_as, t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us, \
+         ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1), t.id"
+    };
+}
+
 mod acks;
 mod background;
 mod conn;
@@ -70,7 +81,7 @@ use crate::event::Events;
 use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
-use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
+use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use crate::task::{CancelOutcome, CancelReason, Start, TaskId, TaskState};
@@ -150,6 +161,12 @@ pub mod testing {
     /// The store's ack of successes: `$1` row ids, `$2` their leases, `$3` their outputs
     /// (see `acks::ACK`).
     pub const ACK: &str = super::acks::ACK;
+
+    /// The statement of a page of `Pool::tasks` in `state` (if given), of one type (if
+    /// `by_type`): `$1` the id it starts after, `$2` the limit, `$3` the type's name.
+    pub fn tasks_page(state: Option<crate::TaskState>, by_type: bool) -> String {
+        super::tasks_page(state, by_type)
+    }
 
     /// The gated claim's pick (see `gates::PICK`): `$1` types, `$2` limit, `$3` lease in
     /// microseconds, `$4` the gated types among `$1`.
@@ -794,9 +811,103 @@ impl PgStore {
         Ok(types)
     }
 
+    /// What a row read with [`info_columns!`] says of its task, with `now` the pool's clock's
+    /// reading for its due time.
+    fn info_of_row(&self, row: &Row, now: Instant) -> TaskInfo {
+        let state = rows::state_of(row.get(1), row.get(2));
+        let index = self.type_index(row.get(0));
+        let task_type =
+            index.map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
+        // A column left NULL (a row inserted by hand) takes the type's setting here; a type
+        // this pool does not know, the defaults'.
+        let declared = index.map(|i| self.registry.entry(i));
+        let fallback = crate::registry::Entry::declared(crate::TaskType::<(), ()>::new("?"));
+        let settings = rows::settings_of(declared.unwrap_or(&fallback), row, 8);
+        // As the embedded store: a due time only for a task that waits for one.
+        let waiting = matches!(state, TaskState::Blocked | TaskState::Scheduled);
+        TaskInfo {
+            id: self.id(row.get(13)),
+            task_type,
+            state,
+            priority: u8::try_from(row.get::<_, i16>(3)).unwrap_or(0),
+            attempts: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
+            max_attempts: settings.max_attempts,
+            retry_policy: settings.retry,
+            timeout: settings.timeout,
+            run_at: waiting.then(|| rows::instant_in(now, row.get(5))),
+            last_error: row.get(6),
+            resubmitted_as: row.get::<_, Option<i64>>(7).map(|s| self.id(s)),
+            dependencies: row
+                .get::<_, Vec<i64>>(12)
+                .into_iter()
+                .map(|s| self.id(s))
+                .collect(),
+        }
+    }
+
     fn count(&self, f: impl FnOnce(&mut Totals)) {
         f(&mut self.local.lock().totals);
     }
+}
+
+/// The statement of a page of [`Store::tasks`]: the rows in `state` (if given), of the type
+/// `$3` (if `by_type`), after id `$1`, at most `$2`, by id, with [`info_columns!`].
+///
+/// Each shape reads an index from the key it starts after (schema version 4, see `schema.rs`),
+/// never the table: by state, `tasq_states (status, id)`; by state and type,
+/// `tasq_types (type, status, id)`, except for ready and scheduled tasks (status `ready`),
+/// whose pages read `tasq_states` and keep the type's rows; by type alone, one range per
+/// status, each cut at the limit, merged; neither, the primary key. Running tasks, which
+/// neither index holds, are few: their pages read them all through an index of running rows
+/// (`tasq_running` or `tasq_leases`) and sort them. The status is written into the text (one of six constants), so that even a generic
+/// plan of the prepared statement knows it, and which partial index holds it. Ready and
+/// scheduled tasks share the status `ready`: their pages keep the rows whose `run_at` is or is
+/// not due, in id order as the index gives them.
+fn tasks_page(state: Option<TaskState>, by_type: bool) -> String {
+    const STATUSES: [&str; 6] = [
+        "blocked",
+        "ready",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ];
+    let columns = info_columns!();
+    let Some(state) = state else {
+        if !by_type {
+            return format!(
+                "SELECT {columns} FROM tasq_tasks t WHERE t.id > $1 ORDER BY t.id LIMIT $2"
+            );
+        }
+        let branches: Vec<String> = STATUSES
+            .iter()
+            .map(|status| {
+                format!(
+                    "(SELECT id FROM tasq_tasks WHERE type = $3 AND status = '{status}' \
+                     AND id > $1 ORDER BY id LIMIT $2)"
+                )
+            })
+            .collect();
+        return format!(
+            "WITH page AS (SELECT id FROM ({}) AS branches ORDER BY id LIMIT $2) \
+             SELECT {columns} FROM page JOIN tasq_tasks t ON t.id = page.id ORDER BY t.id",
+            branches.join(" UNION ALL ")
+        );
+    };
+    let (status, due) = match state {
+        TaskState::Blocked => ("blocked", ""),
+        TaskState::Scheduled => ("ready", " AND t.run_at > tasq_now()"),
+        TaskState::Ready => ("ready", " AND t.run_at <= tasq_now()"),
+        TaskState::Running => ("running", ""),
+        TaskState::Succeeded => ("succeeded", ""),
+        TaskState::Failed => ("failed", ""),
+        TaskState::Cancelled => ("cancelled", ""),
+    };
+    let of_type = if by_type { "t.type = $3 AND " } else { "" };
+    format!(
+        "SELECT {columns} FROM tasq_tasks t WHERE {of_type}t.status = '{status}'{due} \
+         AND t.id > $1 ORDER BY t.id LIMIT $2"
+    )
 }
 
 /// What a submit inserts, computed outside the transaction.
@@ -1323,46 +1434,38 @@ impl Store for PgStore {
         let row = self
             .with_conn(|c| {
                 c.query_opt(
-                    "SELECT type, status, run_at <= tasq_now(), COALESCE(base_priority, priority),
-                            attempts,
-                            EXTRACT(EPOCH FROM run_at - tasq_now())::FLOAT8, last_error, resubmitted_as,
-                            max_attempts, retry_base_us, retry_cap_us, timeout_us,
-                            ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = $1
-                                  ORDER BY 1)
-                     FROM tasq_tasks WHERE id = $1",
+                    concat!(
+                        "SELECT ",
+                        info_columns!(),
+                        " FROM tasq_tasks t WHERE t.id = $1"
+                    ),
                     &[&seq],
                 )
             })
             .ok()??;
-        let state = rows::state_of(row.get(1), row.get(2));
-        let index = self.type_index(row.get(0));
-        let task_type =
-            index.map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
-        // A column left NULL (a row inserted by hand) takes the type's setting here; a type
-        // this pool does not know, the defaults'.
-        let declared = index.map(|i| self.registry.entry(i));
-        let fallback = crate::registry::Entry::declared(crate::TaskType::<(), ()>::new("?"));
-        let settings = rows::settings_of(declared.unwrap_or(&fallback), &row, 8);
-        // As the embedded store: a due time only for a task that waits for one.
-        let waiting = matches!(state, TaskState::Blocked | TaskState::Scheduled);
-        Some(TaskInfo {
-            id,
-            task_type,
-            state,
-            priority: u8::try_from(row.get::<_, i16>(3)).unwrap_or(0),
-            attempts: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),
-            max_attempts: settings.max_attempts,
-            retry_policy: settings.retry,
-            timeout: settings.timeout,
-            run_at: waiting.then(|| rows::instant_in(self.clock.now(), row.get(5))),
-            last_error: row.get(6),
-            resubmitted_as: row.get::<_, Option<i64>>(7).map(|s| self.id(s)),
-            dependencies: row
-                .get::<_, Vec<i64>>(12)
-                .into_iter()
-                .map(|s| self.id(s))
-                .collect(),
-        })
+        Some(self.info_of_row(&row, self.clock.now()))
+    }
+
+    fn tasks(&self, filter: &TaskFilter, after: Option<TaskId>, limit: usize) -> Vec<TaskInfo> {
+        // Pages run in id order across pools, as on the embedded store.
+        let after = match after {
+            Some(id) if id.pool() == self.queue => i64::try_from(id.seq()).unwrap_or(i64::MAX),
+            Some(id) if id.pool() > self.queue => return Vec::new(),
+            _ => 0,
+        };
+        if limit == 0 {
+            return Vec::new();
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let sql = tasks_page(filter.get_state(), filter.get_task_type().is_some());
+        let rows = self
+            .with_conn(|c| match filter.get_task_type() {
+                Some(name) => c.query(&sql, &[&after, &limit, &name]),
+                None => c.query(&sql, &[&after, &limit]),
+            })
+            .unwrap_or_default();
+        let now = self.clock.now();
+        rows.iter().map(|row| self.info_of_row(row, now)).collect()
     }
 
     fn watch(&self, id: TaskId, completion: &Arc<Completion>) {

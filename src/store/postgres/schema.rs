@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 3;
+pub(crate) const VERSION: i32 = 4;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 3] = [V1, V2, V3];
+const MIGRATIONS: [&str; 4] = [V1, V2, V3, V4];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -172,6 +172,35 @@ CREATE OR REPLACE FUNCTION tasq_channel() RETURNS TEXT LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN octet_length(current_schema()) <= 58 THEN 'tasq_' || current_schema()
                 ELSE 'tasq_' || md5(current_schema()) END
 $$;
+";
+
+/// Version 4: the indexes behind `Pool::tasks`, the operator's list of tasks by state and type,
+/// a page at a time in id order (see `tasks_page` in `mod.rs`). A page reads an index from the
+/// key it starts after, never the table:
+///
+/// * `tasq_states (status, id)`: the tasks of one state. Ready and scheduled rows share the
+///   status `ready` (a scheduled one's `run_at` is ahead): their pages keep the rows the range
+///   gives, in id order, whose `run_at` is or is not due; so do the pages of one type's ready
+///   or scheduled tasks, which keep that type's rows.
+/// * `tasq_types (type, status, id)`: the tasks of one type and state; of one type in every
+///   state, one range per status, merged.
+///
+/// Neither holds `running` rows, and `tasq_types` no `ready` ones either. The statements that
+/// run the queue look for exactly those rows (the claim and the aging update for ready rows of
+/// given types, the reaper, the heartbeat and the cancels for running ones): they keep to the
+/// indexes made for them (`tasq_dequeue`, whose order and priority bound the claim and the
+/// aging need; `tasq_leases`, `tasq_running`, the primary key) instead of being offered one
+/// that matches their predicates without their order. Running rows are few (one per worker of
+/// the fleet, and its prefetch): a page of them reads them all through an index of running
+/// rows and sorts them.
+///
+/// Every change of a row's status writes these (as it writes the primary key) unless the row
+/// becomes running (or, for `tasq_types`, ready): the price of listing a million-row queue
+/// without reading it. `CREATE INDEX` holds off writes to the table while it builds: on a large
+/// queue, migrate at a quiet time.
+const V4: &str = "
+CREATE INDEX tasq_states ON tasq_tasks (status, id) WHERE status <> 'running';
+CREATE INDEX tasq_types ON tasq_tasks (type, status, id) WHERE status NOT IN ('ready', 'running');
 ";
 
 /// Brings the schema to [`VERSION`]; returns the version it found.
