@@ -277,6 +277,12 @@ pub enum ResubmitError {
     /// connection broke as the resubmit committed.
     #[error("resubmitting {0} failed in the store: {1}")]
     Store(TaskId, String),
+    /// The dead letter's payload is being copied by
+    /// [`Pool::dead_letter_payload`](crate::Pool::dead_letter_payload) on this very thread:
+    /// its `Clone` called back into the pool to resubmit it (embedded store). Nothing changed;
+    /// resubmit it once the copy returned. (Another thread's copy is waited for.)
+    #[error("the payload of dead letter {0} is being copied on this thread")]
+    PayloadInUse(TaskId),
 }
 
 /// Why a task has no output: it failed or was cancelled. What

@@ -1,5 +1,6 @@
 //! `Pool`: submit tasks, cancel them, read their state and the dead letters, shut down.
 
+use std::any::Any;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -813,6 +814,63 @@ impl Pool {
         let type_index = self.store.registry().type_index(ty).ok()?;
         // Moved out under the store's lock; downcast outside it.
         match self.store.take_dead_letter(id, type_index)?.downcast::<P>() {
+            Ok(payload) => Some(*payload),
+            Err(other) => {
+                unwind::drop_quietly(other);
+                None
+            }
+        }
+    }
+
+    /// A copy of a dead letter's payload, to inspect it without taking it: the dead letter
+    /// stays as it is, to be resubmitted, taken or purged. `None` if `id` is not a dead letter
+    /// of type `ty` (as for [`take_dead_letter`](Pool::take_dead_letter)), or if the copy
+    /// failed: the payload's `Clone` panicked (embedded store), or its stored JSON no longer
+    /// decodes (durable store).
+    ///
+    /// On the embedded store the payload's `Clone` runs outside the pool's lock, inside
+    /// `catch_unwind`: the payload leaves its record for the copy and comes back after. Meanwhile
+    /// the dead letter is still listed; a [`take_dead_letter`](Pool::take_dead_letter) or a
+    /// [`resubmit`](Pool::resubmit) from another thread waits for the payload to come back, and
+    /// a purge (or the dead-letter limit) goes ahead, the payload dropped when it comes back. A
+    /// `Clone` may call back into the pool: for its own dead letter, a copy or a take from it
+    /// gets `None`, a resubmit [`ResubmitError::PayloadInUse`] (it cannot wait for itself). On
+    /// the durable store the copy is the stored JSON decoded (`Clone` is not called).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const IMPORT: TaskType<String, ()> = TaskType::new("import");
+    /// let pool = Pool::builder()
+    ///     .workers(1)
+    ///     .register(IMPORT, |_, row: &String| Err::<(), _>(HandlerError::permanent(format!("bad row {row}"))))
+    ///     .build()?;
+    /// let handle = pool.submit(IMPORT.task("a;b;;".to_owned()))?;
+    /// handle.wait();
+    /// assert_eq!(pool.dead_letter_payload(IMPORT, handle.id()).as_deref(), Some("a;b;;"));
+    /// assert_eq!(pool.dead_letters().len(), 1, "still a dead letter");
+    /// assert_eq!(pool.take_dead_letter(IMPORT, handle.id()).as_deref(), Some("a;b;;"));
+    /// assert_eq!(pool.dead_letter_payload(IMPORT, handle.id()), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn dead_letter_payload<P, O>(&self, ty: TaskType<P, O>, id: TaskId) -> Option<P>
+    where
+        P: Clone + Send + 'static,
+        O: 'static,
+    {
+        let type_index = self.store.registry().type_index(ty).ok()?;
+        let copy = |payload: &(dyn Any + Send)| {
+            let copied = payload.downcast_ref::<P>()?.clone();
+            Some(Box::new(copied) as Box<dyn Any + Send>)
+        };
+        match self
+            .store
+            .dead_letter_payload(id, type_index, &copy)?
+            .downcast::<P>()
+        {
             Ok(payload) => Some(*payload),
             Err(other) => {
                 unwind::drop_quietly(other);

@@ -341,6 +341,44 @@ conformance! {
         );
     }
 
+    fn a_dead_letter_s_payload_can_be_read_and_stays(builder) {
+        let fixed = Arc::new(AtomicBool::new(false));
+        let pool = pool(builder, 1, Arc::clone(&fixed));
+        let bad = pool.submit(JOB.task((7, Behaviour::FailUntilFixed))).unwrap();
+        let good = pool.submit(JOB.task((8, Behaviour::Succeed))).unwrap();
+        assert!(finish(&bad).is_failed());
+        assert!(finish(&good).is_succeeded());
+        const OTHER: TaskType<(u32, Behaviour), u32> = TaskType::new("other");
+
+        // Only a dead letter, and only with its own type.
+        assert!(pool.dead_letter_payload(JOB, good.id()).is_none());
+        assert!(pool.dead_letter_payload(OTHER, bad.id()).is_none());
+        let unknown = tasq::TaskId::from_parts(pool.id(), 1_000_000);
+        assert!(pool.dead_letter_payload(JOB, unknown).is_none());
+
+        // Read twice: it stays a dead letter, payload and all.
+        for _ in 0..2 {
+            let (n, behaviour) = pool.dead_letter_payload(JOB, bad.id()).expect("a copy");
+            assert_eq!(n, 7);
+            assert!(matches!(behaviour, Behaviour::FailUntilFixed));
+            let listed: Vec<_> = pool.dead_letters().iter().map(|d| d.id).collect();
+            assert_eq!(listed, [bad.id()]);
+        }
+        pool.check_invariants().unwrap();
+        fixed.store(true, Ordering::SeqCst);
+        let again = pool.resubmit(JOB, bad.id()).unwrap();
+        assert_eq!(finish(&again), Outcome::Succeeded(7));
+        assert!(pool.dead_letter_payload(JOB, bad.id()).is_none(), "resubmitted");
+
+        // Taken: nothing left to read.
+        let taken = pool.submit(JOB.task((9, Behaviour::FailPermanently))).unwrap();
+        assert!(finish(&taken).is_failed());
+        assert_eq!(pool.dead_letter_payload(JOB, taken.id()).map(|p| p.0), Some(9));
+        assert_eq!(pool.take_dead_letter(JOB, taken.id()).map(|p| p.0), Some(9));
+        assert!(pool.dead_letter_payload(JOB, taken.id()).is_none());
+        pool.check_invariants().unwrap();
+    }
+
     /// A dead letter brought back with the dependents its failure cancelled: the direct ones, the
     /// ones cancelled in cascade, and those submitted after the failure (cancelled at once,
     /// directly or through another); they run again in dependency order, with their payloads,

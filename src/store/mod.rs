@@ -67,6 +67,10 @@ impl<P: Send + 'static> PayloadSlot for Option<P> {
     }
 }
 
+/// Makes a copy of a payload (its type's `Clone`, behind `dyn Any`): `None` if the payload is of
+/// another type. See [`Store::dead_letter_payload`].
+pub(crate) type CopyPayload = dyn Fn(&(dyn Any + Send)) -> Option<Box<dyn Any + Send>>;
+
 /// What a store made of a [`Submission`] it accepted.
 pub(crate) struct Submitted {
     pub(crate) id: TaskId,
@@ -249,6 +253,17 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// Moves a dead letter's payload out (the caller downcasts and drops it).
     fn take_dead_letter(&self, id: TaskId, type_index: u32) -> Option<Box<dyn Any + Send>>;
+
+    /// A copy of dead letter `id`'s payload, if it is a dead letter of type `type_index`; the
+    /// dead letter keeps its own. `copy` makes it from the payload (the type's `Clone`, user
+    /// code: called outside any lock, inside `catch_unwind`; `None` if it panicked); a durable
+    /// store decodes the stored JSON instead, a fresh value, and never calls it.
+    fn dead_letter_payload(
+        &self,
+        id: TaskId,
+        type_index: u32,
+        copy: &CopyPayload,
+    ) -> Option<Box<dyn Any + Send>>;
 
     // ===== waiting and shutdown =====
 

@@ -100,7 +100,7 @@ use intake::Intake;
 pub(crate) use intake::MAX_WORKERS;
 use queue::Epoch;
 pub(crate) use record::Effects;
-pub(crate) use state::{NewTask, Retention, State};
+pub(crate) use state::{Lend, NewTask, Retention, State};
 
 /// A task's number within its pool: what the embedded store keys its records and queues by
 /// (the public [`TaskId`] adds the pool's id).
@@ -116,11 +116,14 @@ use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
-use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
+use crate::store::{
+    Claim, CopyPayload, Drained, Revived, RunOutcome, Store, Submission, Submitted,
+};
 use crate::sync::{
     Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak, yield_now,
 };
 use crate::task::{CancelOutcome, CancelReason, TaskId, TaskState};
+use crate::unwind;
 
 /// The embedded store: what the pool, its workers and its handles share in one process.
 pub(crate) struct MemoryStore {
@@ -131,6 +134,9 @@ pub(crate) struct MemoryStore {
     timer_cv: Condvar,
     /// `shutdown` waits here for the drain and for the workers to exit.
     done_cv: Condvar,
+    /// A take or resubmit of a dead letter whose payload another thread is copying waits here
+    /// for it to come back (see `State::lend_dead_letter`).
+    lend_cv: Condvar,
     /// Plain submits, on their way into the state (see `intake.rs`); also where task ids come
     /// from, and whether the pool is closed.
     intake: Intake,
@@ -199,6 +205,7 @@ impl MemoryStore {
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
+            lend_cv: Condvar::new(),
             intake: Intake::new(next_seq),
             hub: Hub::new(),
             ready_epoch: AtomicU64::new(0),
@@ -403,6 +410,34 @@ impl MemoryStore {
         running
     }
 
+    /// Runs `f` as a transition once dead letter `id`'s payload is not lent to another thread
+    /// (`dead_letter_payload` copying it), waiting for it to come back; `None` if the calling
+    /// thread holds it lent (a `Clone` that calls back into the pool: it cannot wait for
+    /// itself). A lend is checked under the same lock as `f` runs.
+    fn unlent<R>(
+        &self,
+        id: TaskId,
+        mut f: impl FnMut(&mut State, Instant, &mut Effects) -> R,
+    ) -> Option<R> {
+        let me = crate::sync::current_thread_id();
+        loop {
+            let done = self.transition(|state, now, effects| match state.lender(id) {
+                None => Ok(f(state, now, effects)),
+                Some(lender) => Err(lender == me),
+            });
+            match done {
+                Ok(result) => return Some(result),
+                Err(true) => return None,
+                Err(false) => {
+                    let mut state = self.state.lock();
+                    while state.lender(id).is_some_and(|lender| lender != me) {
+                        self.lend_cv.wait(&mut state);
+                    }
+                }
+            }
+        }
+    }
+
     /// Blocks until `done(state, now)` holds or `deadline` passes. The deadline is in real time
     /// (`Instant::now()`), whatever the pool's clock: it bounds how long the caller blocks, and
     /// on a manual clock nobody may move the pool's time. Changes of the state and a manual
@@ -552,6 +587,7 @@ impl Store for MemoryStore {
     }
 
     fn purge_dead_letter(&self, id: TaskId) -> bool {
+        // No wait for a lent payload: it is dropped when it comes back.
         self.transition(|state, _, effects| state.purge_dead_letter(id, effects))
     }
 
@@ -560,7 +596,10 @@ impl Store for MemoryStore {
         id: TaskId,
         type_index: u32,
     ) -> Result<(TaskId, Arc<Completion>), ResubmitError> {
-        self.transition(|state, now, effects| state.resubmit(id, type_index, now, effects))
+        self.unlent(id, |state, now, effects| {
+            state.resubmit(id, type_index, now, effects)
+        })
+        .unwrap_or(Err(ResubmitError::PayloadInUse(id)))
     }
 
     fn resubmit_with_dependents(
@@ -568,9 +607,11 @@ impl Store for MemoryStore {
         id: TaskId,
         type_index: u32,
     ) -> Result<Revived, ResubmitError> {
-        let (id, completion, dependents) = self.transition(|state, now, effects| {
-            state.resubmit_with_dependents(id, type_index, now, effects)
-        })?;
+        let (id, completion, dependents) = self
+            .unlent(id, |state, now, effects| {
+                state.resubmit_with_dependents(id, type_index, now, effects)
+            })
+            .unwrap_or(Err(ResubmitError::PayloadInUse(id)))?;
         Ok(Revived {
             id,
             completion,
@@ -579,7 +620,46 @@ impl Store for MemoryStore {
     }
 
     fn take_dead_letter(&self, id: TaskId, type_index: u32) -> Option<Box<dyn Any + Send>> {
-        self.transition(|state, _, effects| state.take_dead_letter(id, type_index, effects))
+        self.unlent(id, |state, _, effects| {
+            state.take_dead_letter(id, type_index, effects)
+        })?
+    }
+
+    /// Lends the payload out of its record under the lock, copies it outside the lock, and
+    /// brings it back (see `State::lend_dead_letter`): user code (the `Clone`) never runs under
+    /// the lock, and it may call back into the pool. Another thread's copy of the same dead
+    /// letter is waited for; a copy asked for from inside this thread's own copy is refused.
+    fn dead_letter_payload(
+        &self,
+        id: TaskId,
+        type_index: u32,
+        copy: &CopyPayload,
+    ) -> Option<Box<dyn Any + Send>> {
+        let me = crate::sync::current_thread_id();
+        let payload = {
+            let mut state = self.state.lock();
+            loop {
+                match state.lend_dead_letter(id, type_index, me) {
+                    Lend::Lent(payload) => break payload,
+                    Lend::Refused => return None,
+                    // Every wait loops on its condition: lent again by the time it wakes, it
+                    // waits again.
+                    Lend::Busy => self.lend_cv.wait(&mut state),
+                }
+            }
+        };
+        // User code, with no lock held, inside `catch_unwind` (see `unwind.rs`); a copy that
+        // panics leaves the payload as it was, and it goes back.
+        let copied = unwind::catch(|| copy(&*payload)).ok().flatten();
+        let left = {
+            let mut state = self.state.lock();
+            let left = state.give_back(id, payload);
+            self.lend_cv.notify_all();
+            left
+        };
+        // Purged or pushed out while lent: dropped here, outside the lock.
+        unwind::drop_quietly(left);
+        copied
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {

@@ -6,7 +6,7 @@ use std::any::Any;
 use super::Seq;
 use super::queue::Stamp;
 use crate::completion::{Completion, Finished};
-use crate::sync::Arc;
+use crate::sync::{Arc, ThreadId};
 use crate::task::{CancelReason, Failure, TaskState};
 use crate::unwind;
 
@@ -171,6 +171,9 @@ pub(crate) struct Extra {
     /// A dead letter whose record retention has passed over: it is kept only while it stays a
     /// dead letter (until taken, resubmitted or pushed out by the dead-letter limit).
     pub(crate) expired: bool,
+    /// A dead letter whose payload this thread took out to copy it outside the lock
+    /// (`Pool::dead_letter_payload`): it comes back once copied (see `State::lend_dead_letter`).
+    pub(crate) lent: Option<ThreadId>,
 }
 
 impl Record {

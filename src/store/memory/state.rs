@@ -32,8 +32,12 @@
 //!    ready: workers exit as soon as they come back for work.
 //! 8. `keys` maps a key to a task holding it that is live or succeeded; a task that fails or is
 //!    cancelled gives its key up in the step that ends it.
-//! 9. `dead` holds exactly the failed records that still hold their payload and were not
-//!    resubmitted; a record in `dead` is kept until it leaves `dead`, retention or not.
+//! 9. `dead` holds exactly the failed records that were not resubmitted and still hold their
+//!    payload, or lent it to a thread that copies it outside the lock
+//!    ([`lend_dead_letter`](State::lend_dead_letter)); a record in `dead` is kept until it
+//!    leaves `dead`, retention or not. A lent record holds no payload, and is in `dead` unless a
+//!    purge or the dead-letter limit took it out meanwhile (its payload is dropped when it
+//!    comes back). Nothing else takes a lent payload: a take or a resubmit waits for it.
 //! 10. A cancelled record holds its payload only if a dead letter's failure cancelled it (it
 //!     names that dead letter in `cascade_root`), for `resubmit_with_dependents`.
 //! 11. A record's `gating` is `Free` unless the task is `Ready`, and names only a gate its type
@@ -83,7 +87,7 @@ use crate::event::Events;
 use crate::registry::{Registry, Settings};
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, RunOutcome};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering, ThreadId};
 use crate::task::{
     CancelOutcome, CancelReason, Dependency, Failure, FailureReason, TaskId, TaskState,
 };
@@ -165,6 +169,17 @@ enum End {
     Succeeded(Box<dyn Any + Send + Sync>),
     Failed(Failure),
     Cancelled(CancelReason),
+}
+
+/// What [`State::lend_dead_letter`] did.
+pub(crate) enum Lend {
+    /// The payload, out of its record until [`State::give_back`] brings it back.
+    Lent(Box<dyn Any + Send>),
+    /// Lent to another thread: wait for it to come back, and ask again.
+    Busy,
+    /// Not a dead letter of that type, or lent to the asking thread itself (whose copy of it
+    /// asked again: it cannot wait for itself).
+    Refused,
 }
 
 /// A validated task, ready to insert.
@@ -1335,6 +1350,71 @@ impl State {
         payload
     }
 
+    /// Takes dead letter `id`'s payload (if it is a dead letter of type `type_index`) out of its
+    /// record, for `lender` to copy it outside the lock: the record stays a dead letter, marked
+    /// lent, and no one else takes the payload until [`give_back`](State::give_back) brings it
+    /// back (a take or a resubmit waits; a purge or the dead-letter limit takes the record out
+    /// of `dead` without the payload, which is dropped when it comes back). Keeps invariant 9.
+    pub(crate) fn lend_dead_letter(
+        &mut self,
+        id: TaskId,
+        type_index: u32,
+        lender: ThreadId,
+    ) -> Lend {
+        let Some(seq) = self.local(id) else {
+            return Lend::Refused;
+        };
+        if !self.dead.contains(&seq) {
+            return Lend::Refused;
+        }
+        let Some(record) = self.records.get_mut(&seq) else {
+            return Lend::Refused;
+        };
+        if record.type_index != type_index {
+            return Lend::Refused;
+        }
+        match record.extra.as_ref().and_then(|e| e.lent) {
+            Some(holder) if holder == lender => return Lend::Refused,
+            Some(_) => return Lend::Busy,
+            None => {}
+        }
+        let Some(payload) = record.payload.take() else {
+            return Lend::Refused;
+        };
+        record.extra().lent = Some(lender);
+        Lend::Lent(payload)
+    }
+
+    /// Brings back a payload [`lend_dead_letter`](State::lend_dead_letter) lent: into its
+    /// record if that is still a dead letter, else returned, to be dropped once the lock is
+    /// released.
+    pub(crate) fn give_back(
+        &mut self,
+        id: TaskId,
+        payload: Box<dyn Any + Send>,
+    ) -> Option<Box<dyn Any + Send>> {
+        let Some(seq) = self.local(id) else {
+            return Some(payload);
+        };
+        let Some(record) = self.records.get_mut(&seq) else {
+            return Some(payload);
+        };
+        if let Some(extra) = record.extra.as_mut() {
+            extra.lent = None;
+        }
+        if self.dead.contains(&seq) {
+            record.payload = Some(payload);
+            None
+        } else {
+            Some(payload)
+        }
+    }
+
+    /// The thread that holds dead letter `id`'s payload lent, if one does.
+    pub(crate) fn lender(&self, id: TaskId) -> Option<ThreadId> {
+        self.record(id)?.1.extra.as_ref()?.lent
+    }
+
     /// The dead letters, oldest first, from the first after `after` (if given), of type
     /// `type_index` (if given), at most `limit`.
     pub(crate) fn dead_letters(
@@ -1757,16 +1837,29 @@ impl State {
                 }
             }
             let in_dead = self.dead.contains(&seq);
-            let should = record.state == TaskState::Failed
-                && holds_payload
+            let lent = record.extra.as_ref().is_some_and(|e| e.lent.is_some());
+            let kept = record.state == TaskState::Failed
                 && record
                     .extra
                     .as_ref()
                     .is_none_or(|e| e.resubmitted_as.is_none());
-            if in_dead != should {
+            // A lent record may have left `dead` meanwhile (a purge, the limit).
+            let (must, may) = (kept && holds_payload, kept && (holds_payload || lent));
+            if (in_dead && !may) || (!in_dead && must) {
                 return fail(
                     9,
-                    format!("{id} in dead letters: {in_dead}, should be: {should}"),
+                    format!(
+                        "{id} in dead letters: {in_dead}, holds its payload: {holds_payload}, lent: {lent}"
+                    ),
+                );
+            }
+            if lent && (holds_payload || record.state != TaskState::Failed) {
+                return fail(
+                    9,
+                    format!(
+                        "lent {id} is {}, holds its payload: {holds_payload}",
+                        record.state
+                    ),
                 );
             }
             let in_cascade = record
@@ -2032,6 +2125,14 @@ mod tests {
         broken(
             |s, a, _| {
                 s.dead.insert(a);
+            },
+            "invariant 9",
+        );
+        // Lent, yet ready and holding its payload.
+        broken(
+            |s, a, _| {
+                let lender = crate::sync::current_thread_id();
+                s.records.get_mut(&a).unwrap().extra().lent = Some(lender);
             },
             "invariant 9",
         );

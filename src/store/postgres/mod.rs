@@ -82,7 +82,9 @@ use crate::hub::Hub;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
-use crate::store::{Claim, Drained, Revived, RunOutcome, Store, Submission, Submitted};
+use crate::store::{
+    Claim, CopyPayload, Drained, Revived, RunOutcome, Store, Submission, Submitted,
+};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use crate::task::{CancelOutcome, CancelReason, Start, TaskId, TaskState};
 use crate::unwind;
@@ -1624,6 +1626,29 @@ impl Store for PgStore {
             }
         })
         .ok()?
+    }
+
+    /// Decodes the row's JSON: a fresh value, no `Clone` needed and no lock of ours held
+    /// (the `Deserialize` runs inside `catch_unwind`). A payload that no longer decodes is
+    /// `None`, as for `take_dead_letter`, and stays a dead letter.
+    fn dead_letter_payload(
+        &self,
+        id: TaskId,
+        type_index: u32,
+        _copy: &CopyPayload,
+    ) -> Option<Box<dyn Any + Send>> {
+        let seq = self.seq(id)?;
+        let entry = self.registry.entry(type_index);
+        let codec = entry.codec?;
+        let row = self
+            .with_conn(|c| {
+                c.query_opt(
+                    "SELECT payload FROM tasq_tasks WHERE id = $1 AND dead AND type = $2",
+                    &[&seq, &entry.name],
+                )
+            })
+            .ok()??;
+        codec.decode_payload(row.get(0)).ok()
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
