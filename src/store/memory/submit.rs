@@ -8,6 +8,7 @@ use super::intake::{Announced, Entry};
 use super::{Effects, MemoryStore, NewTask};
 use crate::completion::Completion;
 use crate::error::SubmitErrorKind;
+use crate::registry::Settings;
 use crate::store::{Store, Submission, Submitted};
 use crate::sync::Arc;
 use crate::task::{Start, TaskId};
@@ -38,6 +39,12 @@ impl MemoryStore {
         }
     }
 
+    /// A task's settings if they are its own, unlike its type's: kept in its record's extra
+    /// (a task with none takes its type's when it runs).
+    fn own_settings(&self, task: &Submission<'_>) -> Option<Settings> {
+        Some(task.settings).filter(|s| *s != self.registry().entry(task.type_index).settings())
+    }
+
     /// See [`Store::submit`].
     pub(super) fn submit_task(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
         if self.is_closed() {
@@ -45,9 +52,7 @@ impl MemoryStore {
         }
         let now = self.clock().now();
         let run_at = self.run_at(task.start, now)?;
-        // Settings of its own (unlike its type's) are kept in the record's extra.
-        let settings =
-            Some(task.settings).filter(|s| *s != self.registry().entry(task.type_index).settings());
+        let settings = self.own_settings(&task);
         if task.dependencies.is_empty() && task.key.is_none() && settings.is_none() {
             return self.submit_plain(task, now, run_at);
         }
@@ -204,8 +209,7 @@ impl MemoryStore {
                 run_at,
                 dependencies,
                 key,
-                settings: Some(task.settings)
-                    .filter(|s| *s != self.registry().entry(task.type_index).settings()),
+                settings: self.own_settings(task),
             };
             let (id, completion) = state.insert(new, completion, now, &mut effects);
             submitted.push(Submitted {
