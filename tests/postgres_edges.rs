@@ -7,18 +7,9 @@ use std::time::{Duration, Instant};
 
 use tasq::{HandlerError, Pool, TaskType, TypeOptions};
 
-use support_pg::TestDb;
+use support_pg::{TestDb, eventually};
 
 const JOB: TaskType<u32, u32> = TaskType::new("job");
-
-/// Polls `done` every 2 ms; fails after 20 s (a hang guard).
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < give_up, "never: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 /// Edge 1. A submit of key K waits on another session's uncommitted insert of K; that session
 /// commits, and at once the task is cancelled (or deleted, as retention would) before the
@@ -57,7 +48,7 @@ fn a_key_holder_that_vanishes_never_fails_a_submit() {
         let submit = std::thread::scope(|scope| {
             let waiting = scope.spawn(|| producer.submit(JOB.task(round).key(key.clone())));
             // The submit's insert waits for the holder's transaction.
-            eventually("the submit waits for the uncommitted key", || {
+            eventually(2, "the submit waits for the uncommitted key", || {
                 watcher
                     .query_one(
                         "SELECT count(*) FROM pg_stat_activity
@@ -129,7 +120,7 @@ fn the_reaper_decides_from_the_row_as_locked() {
                 .unwrap();
             cancelled += n as i64;
         }
-        eventually("the reaper ends every expired lease", || {
+        eventually(2, "the reaper ends every expired lease", || {
             sql.query_one(
                 "SELECT count(*) FROM tasq_tasks WHERE status = 'running' AND type = 'job'",
                 &[],

@@ -13,7 +13,7 @@ use tasq::{
     TypeOptions,
 };
 
-use support_pg::TestDb;
+use support_pg::{TestDb, eventually};
 
 const FLAKY: TaskType<u32, u32> = TaskType::new("flaky");
 
@@ -388,16 +388,6 @@ fn cleaner(db: &TestDb) -> Option<(String, bool)> {
         .map(|row| (row.get(0), row.get(1)))
 }
 
-/// Polls `done` every 20 ms; fails after 20 s (a hang guard, far beyond the 5 s term and the
-/// cleaner's 1 s pass).
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let give_up = std::time::Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(std::time::Instant::now() < give_up, "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn echo_pool(db: &TestDb) -> Pool {
     Pool::builder()
         .postgres(db.url.clone())
@@ -448,7 +438,7 @@ fn a_pool_with_the_defaults_deletes_nothing_the_fleet_keeps() {
     let stray = echo_pool(&db);
     // The stray pool leads the cleaner (the fleet's pool gave it up), and has renewed its term
     // after a pass.
-    eventually("the stray pool holds the cleaner", || {
+    eventually(20, "the stray pool holds the cleaner", || {
         cleaner(&db).is_some_and(|(_, running)| running)
     });
     let (holder, _) = cleaner(&db).unwrap();
@@ -460,7 +450,7 @@ fn a_pool_with_the_defaults_deletes_nothing_the_fleet_keeps() {
         )
         .unwrap()
         .get(0);
-    eventually("the stray pool renews its term after a pass", || {
+    eventually(20, "the stray pool renews its term after a pass", || {
         let later: std::time::SystemTime = db
             .client()
             .query_one(
@@ -509,7 +499,7 @@ fn the_dead_letter_limit_is_the_schema_s() {
 fn one_pool_at_a_time_runs_the_cleaner_with_fail_over() {
     let Some(db) = TestDb::new() else { return };
     let pools: Vec<Pool> = (0..3).map(|_| echo_pool(&db)).collect();
-    eventually("a pool holds the cleaner", || cleaner(&db).is_some());
+    eventually(20, "a pool holds the cleaner", || cleaner(&db).is_some());
     let (first, _) = cleaner(&db).unwrap();
     let count: i64 = db
         .client()
@@ -520,7 +510,7 @@ fn one_pool_at_a_time_runs_the_cleaner_with_fail_over() {
     for pool in pools {
         pool.shutdown(Duration::from_secs(10));
     }
-    eventually("the last pool to stop gave the role up", || {
+    eventually(20, "the last pool to stop gave the role up", || {
         cleaner(&db).is_none()
     });
 
@@ -532,7 +522,7 @@ fn one_pool_at_a_time_runs_the_cleaner_with_fail_over() {
         )
         .unwrap();
     let pool = echo_pool(&db);
-    eventually("a live pool took over from the dead one", || {
+    eventually(20, "a live pool took over from the dead one", || {
         cleaner(&db).is_some_and(|(holder, running)| holder != "dead:0" && running)
     });
     assert_ne!(cleaner(&db).unwrap().0, first);

@@ -59,6 +59,16 @@ fn drop_stale_schemas(client: &mut Client) {
     }
 }
 
+/// Polls `done` every `poll_ms` milliseconds until it holds; fails naming `what` after 20 s (a
+/// hang guard, far beyond anything the tests wait for).
+pub fn eventually(poll_ms: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < give_up, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(poll_ms));
+    }
+}
+
 /// A schema of its own for one test, migrated; dropped with its tables when this is dropped.
 pub struct TestDb {
     pub url: String,
