@@ -12,6 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use postgres::{Client, NoTls};
 
+mod proxy;
+pub use proxy::Proxy;
+
 const LOCAL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=5";
 
 /// The server's base connection string, if one answers.
@@ -124,22 +127,64 @@ impl TestDb {
         Some(TestDb { url, schema, base })
     }
 
+    /// A proxy in front of the server, and this test's connection string through it.
+    pub fn through_proxy(&self) -> (Proxy, String) {
+        let config: postgres::Config = self.base.parse().expect("parse the server's URL");
+        let host = match config.get_hosts().first() {
+            Some(postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => panic!("the proxy needs a TCP host"),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let proxy = Proxy::start(&host, port);
+        let url = self
+            .url
+            .split(' ')
+            .filter(|part| !part.starts_with("host=") && !part.starts_with("port="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let url = format!("{url} host=127.0.0.1 port={}", proxy.port());
+        (proxy, url)
+    }
+
     /// The schema's name (also the `application_name` of the connections made with `url`).
     pub fn schema(&self) -> &str {
         &self.schema
     }
 
-    /// Terminates every connection this test's pools opened (as a server restart would).
+    /// Terminates every connection this test's pools opened (as a server restart would), and
+    /// returns once their server processes have gone: each connection's socket then holds the
+    /// server's farewell, and the next statement sent on it is the first to learn of it.
     pub fn terminate_connections(&self) -> u64 {
         let mut client = Client::connect(self.base, NoTls).expect("connect to PostgreSQL");
-        client
+        let pids: Vec<i32> = client
             .query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
                  WHERE application_name = $1 AND pid <> pg_backend_pid()",
                 &[&self.schema],
             )
             .expect("terminate the test's connections")
-            .len() as u64
+            .iter()
+            .filter(|row| row.get::<_, bool>(1))
+            .map(|row| row.get(0))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                    &[&pids],
+                )
+                .expect("look for the terminated connections")
+                .get(0);
+            if left == 0 {
+                return pids.len() as u64;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{left} terminated connections still there after 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     /// Changes the schema's policy (what every pool on it keeps).

@@ -21,6 +21,10 @@ pub(super) struct Conn {
     /// When the pool last handed it out: a connection idle longer than [`IDLE_CHECK`] is
     /// checked with a round trip before use (see [`Conn::check_if_idle`]).
     last_used: std::time::Instant,
+    /// Whether, since [`Conn::start`], anything that may commit was sent: a statement outside
+    /// a transaction (any use of [`Sql::client`] on the connection itself) or a `COMMIT`. Until
+    /// then a lost connection lost nothing, and the work can run again on another one.
+    may_have_committed: bool,
 }
 
 /// A pooled connection idle this long is checked before use: its server process may have been
@@ -114,6 +118,8 @@ impl Sql for Conn {
     type Client = Client;
 
     fn client(&mut self) -> &mut Client {
+        // Whatever runs on the bare client commits as it runs.
+        self.may_have_committed = true;
         &mut self.client
     }
 
@@ -139,11 +145,27 @@ impl Conn {
         Ok(())
     }
 
+    /// Marks the start of a piece of work on the connection: nothing of it has been sent yet
+    /// (see [`Conn::lost_before_commit`]).
+    pub(super) fn start(&mut self) {
+        self.may_have_committed = false;
+    }
+
+    /// Whether `error` says the connection was lost (closed, or its socket failed) before
+    /// anything of the work since [`Conn::start`] could have committed: then the work did
+    /// nothing, and is safe to run again on another connection. A connection whose server
+    /// process was terminated while it sat idle in the pool fails this way on its first
+    /// statement.
+    pub(super) fn lost_before_commit(&self, error: &postgres::Error) -> bool {
+        is_lost(error) && !self.may_have_committed
+    }
+
     /// A transaction whose statements use (and add to) the connection's prepared ones.
     pub(super) fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
         Ok(Tx {
             tx: self.client.transaction()?,
             statements: &mut self.statements,
+            may_have_committed: &mut self.may_have_committed,
         })
     }
 }
@@ -152,10 +174,13 @@ impl Conn {
 pub(super) struct Tx<'a> {
     tx: Transaction<'a>,
     statements: &'a mut Statements,
+    may_have_committed: &'a mut bool,
 }
 
 impl Tx<'_> {
     pub(super) fn commit(self) -> Result<(), postgres::Error> {
+        // From here a lost connection leaves the outcome unknown.
+        *self.may_have_committed = true;
         self.tx.commit()
     }
 }
@@ -188,6 +213,12 @@ impl<'a> Sql for Transaction<'a> {
     fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
         self.prepare(sql)
     }
+}
+
+/// Whether `error` says the connection was lost: closed, or its socket failed.
+pub(super) fn is_lost(error: &postgres::Error) -> bool {
+    error.is_closed()
+        || std::error::Error::source(error).is_some_and(|cause| cause.is::<std::io::Error>())
 }
 
 /// A database error's text with its causes: the client's own `Display` says only what kind of
@@ -263,6 +294,7 @@ impl r2d2::ManageConnection for Connector {
             client: self.config.connect(NoTls)?,
             statements: Statements::default(),
             last_used: std::time::Instant::now(),
+            may_have_committed: false,
         })
     }
 

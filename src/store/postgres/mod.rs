@@ -252,13 +252,18 @@ impl Local {
 enum StoreFailure {
     Connect(String),
     Db(postgres::Error),
+    /// The connection was lost before anything of the work could commit (see
+    /// `Conn::lost_before_commit`): safe to run again.
+    Lost(postgres::Error),
 }
 
 impl fmt::Display for StoreFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreFailure::Connect(text) => f.write_str(text),
-            StoreFailure::Db(error) => f.write_str(&conn::describe(error)),
+            StoreFailure::Db(error) | StoreFailure::Lost(error) => {
+                f.write_str(&conn::describe(error))
+            }
         }
     }
 }
@@ -505,17 +510,19 @@ impl PgStore {
             // Run again when the server says the work was not done: a deadlock's victim is
             // rolled back, and a session the server terminated (an outage, a restart,
             // `pg_terminate_backend`) ran nothing of this attempt that it did not roll back.
-            // Any other error may come after a commit, and is returned.
+            // So did a connection lost before its work sent a commit. Any other error may come
+            // after a commit, and is returned.
             use postgres::error::SqlState;
-            let again = matches!(&error, StoreFailure::Db(e) if e.code().is_some_and(|code| {
-                [
-                    SqlState::T_R_DEADLOCK_DETECTED,
-                    SqlState::ADMIN_SHUTDOWN,
-                    SqlState::CRASH_SHUTDOWN,
-                    SqlState::CANNOT_CONNECT_NOW,
-                ]
-                .contains(code)
-            }));
+            let again = matches!(&error, StoreFailure::Lost(_))
+                || matches!(&error, StoreFailure::Db(e) if e.code().is_some_and(|code| {
+                    [
+                        SqlState::T_R_DEADLOCK_DETECTED,
+                        SqlState::ADMIN_SHUTDOWN,
+                        SqlState::CRASH_SHUTDOWN,
+                        SqlState::CANNOT_CONNECT_NOW,
+                    ]
+                    .contains(code)
+                }));
             if !again || attempts == 3 {
                 return Err(error.to_string());
             }
@@ -534,11 +541,23 @@ impl PgStore {
         // checkout: the setting a connection kept from its last use is stale.
         if let Some(now) = at.or_else(|| self.manual_now_us()) {
             let set = format!("SET tasq.manual_now_us = '{now}'");
-            conn.client()
-                .batch_execute(&set)
-                .map_err(StoreFailure::Db)?;
+            // A setting commits nothing: lost here, the work can run on another connection.
+            conn.client().batch_execute(&set).map_err(|error| {
+                if conn::is_lost(&error) {
+                    StoreFailure::Lost(error)
+                } else {
+                    StoreFailure::Db(error)
+                }
+            })?;
         }
-        f(&mut conn).map_err(StoreFailure::Db)
+        conn.start();
+        f(&mut conn).map_err(|error| {
+            if conn.lost_before_commit(&error) {
+                StoreFailure::Lost(error)
+            } else {
+                StoreFailure::Db(error)
+            }
+        })
     }
 
     /// With a manual clock, its time now as `tasq_now()` reads it: microseconds since the
