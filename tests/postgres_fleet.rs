@@ -517,7 +517,11 @@ fn one_pool_at_a_time_runs_the_cleaner_with_fail_over() {
     // A process that died holding the role: its term runs out, then a live pool takes it.
     db.client()
         .execute(
-            "INSERT INTO tasq_leader VALUES ('cleaner', 'dead:0', now() + interval '1 second')",
+            // An upsert: a stopped pool's maintenance thread may still be taking its last
+            // pass (it resigns on the next).
+            "INSERT INTO tasq_leader VALUES ('cleaner', 'dead:0', now() + interval '1 second')
+             ON CONFLICT (role) DO UPDATE SET holder = EXCLUDED.holder,
+                                              expires_at = EXCLUDED.expires_at",
             &[],
         )
         .unwrap();

@@ -92,7 +92,9 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
         }
         if now.duration_since(timers.retain) >= Duration::from_secs(1) {
             timers.retain = now;
-            if candidate.hold(store, leader::CLEANER) {
+            // Looked at again: a pool stopped since the top of this pass leaves the role alone
+            // (its next pass resigns it; taking it now would keep it from the others till then).
+            if !store.local.lock().stopping && candidate.hold(store, leader::CLEANER) {
                 let _ = retain(store);
             }
         }
