@@ -16,7 +16,7 @@ use std::io::{BufRead, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tasq::{HandlerError, Pool, TaskType};
+use tasq::{HandlerError, Pool, TaskType, TypeOptions};
 
 /// Resizes an image (pretends to): returns the pid of the process that ran it.
 const RESIZE: TaskType<String, u32> = TaskType::new("resize");
@@ -25,20 +25,21 @@ const PUBLISH: TaskType<String, u32> = TaskType::new("publish");
 
 const SCHEMA: &str = "tasq_example";
 
+/// The options of both types, shared by the producer's declarations and the workers'
+/// registrations.
+const OPTIONS: TypeOptions = TypeOptions::new().max_attempts(5);
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let base = std::env::var("TASQ_PG_URL")
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned());
-    let url = format!("{base} options='-c search_path={SCHEMA}'");
     if std::env::args().nth(1).as_deref() == Some("worker") {
-        return worker(&url);
+        return worker(&base);
     }
 
-    // A fresh queue: the schema, then the tables (`migrate` is safe to run from every process).
+    // A fresh queue: the schema and its tables (`migrate_in` is safe to run from every process).
     let mut admin = postgres::Client::connect(&base, postgres::NoTls)?;
-    admin.batch_execute(&format!(
-        "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}"
-    ))?;
-    tasq::postgres::migrate(&url)?;
+    admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))?;
+    tasq::postgres::migrate_in(&base, SCHEMA)?;
 
     let workers: Vec<Child> = (0..3)
         .map(|_| {
@@ -50,12 +51,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect::<Result<_, _>>()?;
 
-    // The producer: a durable pool with no workers of its own.
+    // The producer: a durable pool with no workers of its own, declaring the types it submits
+    // with the options the workers register them with (the tasks' settings come from here).
     let producer = Pool::builder()
-        .postgres(&url)
+        .postgres(&base)
+        .schema(SCHEMA)
         .workers(0)
-        .register(RESIZE, |_, _: &String| Ok::<_, HandlerError>(0))
-        .register(PUBLISH, |_, _: &String| Ok::<_, HandlerError>(0))
+        .declare(RESIZE, OPTIONS)
+        .declare(PUBLISH, OPTIONS)
         .build()?;
     let started = Instant::now();
     let batch = producer.submit_batch(
@@ -109,14 +112,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// A worker process: a durable pool with two workers, until its standard input closes.
-fn worker(url: &str) -> Result<(), Box<dyn std::error::Error>> {
+fn worker(base: &str) -> Result<(), Box<dyn std::error::Error>> {
     let pool = Pool::builder()
-        .postgres(url)
+        .postgres(base)
+        .schema(SCHEMA)
         .workers(2)
-        .register(RESIZE, |_, _: &String| {
+        .register_with(RESIZE, OPTIONS, |_, _: &String| {
             Ok::<_, HandlerError>(std::process::id())
         })
-        .register(PUBLISH, |_, _: &String| {
+        .register_with(PUBLISH, OPTIONS, |_, _: &String| {
             Ok::<_, HandlerError>(std::process::id())
         })
         .build()?;

@@ -615,6 +615,35 @@ impl Builder<crate::postgres::Postgres> {
         self
     }
 
+    /// The schema that holds the queue: its tables, functions and notification channel (which
+    /// derive from it), created by [`postgres::migrate_in`](crate::postgres::migrate_in) with
+    /// the same name. Without it, the connection string's `search_path` decides (by default,
+    /// `public`). Pools in different schemas of one database are separate queues.
+    ///
+    /// The name must read the same quoted or not: 1 to 63 bytes of a-z, 0-9 and `_`, not
+    /// starting with a digit or `pg_`; `build` fails with [`BuildError::InvalidSetting`]
+    /// otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tasq::{HandlerError, Pool, TaskType};
+    ///
+    /// const BILL: TaskType<u64, ()> = TaskType::new("bill");
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// tasq::postgres::migrate_in(url, "billing")?;
+    /// let pool = Pool::builder()
+    ///     .postgres(url)
+    ///     .schema("billing")
+    ///     .register(BILL, |_, _: &u64| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn schema(mut self, name: impl Into<String>) -> Self {
+        self.store.schema = Some(name.into());
+        self
+    }
+
     /// The most database connections the pool opens (besides the one that listens for
     /// notifications). Defaults to the number of workers plus four.
     ///

@@ -337,6 +337,55 @@ pub enum WaitError {
     FromHandler,
 }
 
+/// Why [`Pool::try_stats`](crate::Pool::try_stats) could not read the queue's figures.
+///
+/// # Examples
+///
+/// ```
+/// use tasq::StatsError;
+/// let error = StatsError::StoreUnavailable("connection refused".to_owned());
+/// assert_eq!(error.to_string(), "the store could not be read: connection refused");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatsError {
+    /// The durable store's database could not be read (after a minute of retries).
+    #[error("the store could not be read: {0}")]
+    StoreUnavailable(String),
+}
+
+/// Why a schema could not be migrated or its policy read or set (feature `postgres`; see
+/// [`postgres::migrate_in`](crate::postgres::migrate_in)).
+///
+/// # Examples
+///
+/// ```
+/// let error = tasq::postgres::migrate_in("host=127.0.0.1 user=postgres", "Billing").unwrap_err();
+/// assert!(matches!(error, tasq::SchemaError::InvalidName { .. }));
+/// assert_eq!(
+///     error.to_string(),
+///     "the schema name \"Billing\" has a character other than a-z, 0-9 and _"
+/// );
+/// ```
+#[cfg(feature = "postgres")]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    /// The name is not one tasq takes: 1 to 63 bytes of a-z, 0-9 and `_`, not starting with
+    /// a digit or `pg_` (a name that reads the same quoted or not).
+    #[error("the schema name {name:?} {problem}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// The database's error: it could not be reached, the connection string is wrong, or (to
+    /// read or set a policy) the schema was never migrated.
+    #[error("the database failed: {0}")]
+    Db(#[from] postgres::Error),
+}
+
 /// Why [`Context::succeed_in`](crate::Context::succeed_in) could not record the success
 /// (feature `postgres`).
 ///

@@ -96,7 +96,8 @@ pub use builder::{Builder, Embedded, TypeOptions};
 #[cfg(feature = "postgres")]
 pub mod postgres {
     pub use crate::store::postgres::{
-        Policy, Postgres, SCHEMA_VERSION, migrate, policy, set_policy,
+        Policy, Postgres, SCHEMA_VERSION, migrate, migrate_in, policy, policy_in, set_policy,
+        set_policy_in,
     };
 
     #[doc(hidden)]
@@ -106,11 +107,12 @@ pub use cancel::{CancelToken, Cancelled, Interrupt};
 pub use clock::ManualClock;
 pub use context::Context;
 pub use dead_letter::DeadLetter;
-#[cfg(feature = "postgres")]
-pub use error::SucceedInError;
 pub use error::{
-    BuildError, CancelError, ResubmitError, SubmitError, SubmitErrorKind, TaskError, WaitError,
+    BuildError, CancelError, ResubmitError, StatsError, SubmitError, SubmitErrorKind, TaskError,
+    WaitError,
 };
+#[cfg(feature = "postgres")]
+pub use error::{SchemaError, SucceedInError};
 pub use event::Event;
 pub use handle::{Outcome, Resubmitted, TaskHandle};
 pub use limit::RateLimit;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::builder::Builder;
 use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError, SubmitError, WaitError};
+use crate::error::{CancelError, ResubmitError, StatsError, SubmitError, WaitError};
 use crate::handle::{Resubmitted, TaskHandle};
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
@@ -550,11 +550,34 @@ impl Pool {
     /// assert_eq!((stats.workers, stats.ready, stats.running), (2, 0, 0));
     /// # Ok::<(), tasq::BuildError>(())
     /// ```
+    ///
+    /// On the durable store, when the database cannot be read, the queue-wide figures are
+    /// zeros: [`try_stats`](Pool::try_stats) says so instead.
     #[must_use]
     pub fn stats(&self) -> Stats {
         let mut stats = self.store.stats();
         stats.stuck = self.monitor.stuck();
         stats
+    }
+
+    /// A snapshot of the pool's counts, or [`StatsError::StoreUnavailable`] when the durable
+    /// store's database cannot be read (never on the embedded store).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = tasq::Pool::builder().workers(1).build()?;
+    /// let stats = pool.try_stats()?;
+    /// assert_eq!(stats.ready, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_stats(&self) -> Result<Stats, StatsError> {
+        let mut stats = self
+            .store
+            .try_stats()
+            .map_err(StatsError::StoreUnavailable)?;
+        stats.stuck = self.monitor.stuck();
+        Ok(stats)
     }
 
     /// Each registered type's backlog: ready and running tasks, and how long its oldest ready

@@ -34,6 +34,19 @@ pub(crate) struct Settings {
     pub(crate) timeout: Option<Duration>,
 }
 
+impl Settings {
+    /// The settings of a type this pool does not know, for a row that leaves some unset: as a
+    /// declared type's with no options.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn unknown_type() -> Settings {
+        Settings {
+            max_attempts: 0,
+            retry: RetryPolicy::default(),
+            timeout: None,
+        }
+    }
+}
+
 /// One registered task type.
 pub(crate) struct Entry {
     pub(crate) name: &'static str,

@@ -9,6 +9,20 @@ use crate::task::{TaskId, TaskState};
 /// A snapshot of a pool, taken under its lock in time proportional to the number of priorities
 /// in use.
 ///
+/// # Two scopes
+///
+/// Its figures are of two scopes, which are one on the embedded store and differ on the durable
+/// store, where many pools share a queue:
+///
+/// * **the queue's**: `blocked`, `scheduled`, `ready`, `running`, `retained`, `dead_letters`,
+///   `ready_by_priority`, `oldest_ready`, `oldest_ready_by_priority`, `breakers` and
+///   `estimated` count every task of the schema, whichever pool submitted or runs it (read in
+///   a few milliseconds at any table size: see [`estimated`](Stats::estimated));
+/// * **this pool's**: `workers`, `stuck`, `delayed_entries` and [`totals`](Stats::totals)
+///   (what this pool, in this process, submitted, ran and saw end since it was built).
+///
+/// [`Pool::try_stats`](crate::Pool::try_stats) fails when the queue's figures cannot be read.
+///
 /// # Examples
 ///
 /// ```
@@ -26,15 +40,15 @@ use crate::task::{TaskId, TaskState};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Worker threads that have not exited.
+    /// This pool's worker threads that have not exited.
     pub workers: usize,
-    /// Tasks waiting for dependencies.
+    /// The queue's tasks waiting for dependencies.
     pub blocked: usize,
-    /// Tasks waiting for their run_at (delayed, or a retry's backoff).
+    /// The queue's tasks waiting for their run_at (delayed, or a retry's backoff).
     pub scheduled: usize,
-    /// Tasks waiting for a worker.
+    /// The queue's tasks waiting for a worker.
     pub ready: usize,
-    /// Tasks being run.
+    /// The queue's tasks being run (on the durable store: by any pool).
     pub running: usize,
     /// Terminal tasks the pool still remembers (see [`Builder::retention`](crate::Builder::retention)).
     pub retained: usize,
@@ -56,7 +70,13 @@ pub struct Stats {
     pub stuck: usize,
     /// Entries in the delayed heap, including those of cancelled tasks not yet swept.
     pub delayed_entries: usize,
-    /// Counters since the pool was built.
+    /// Whether some queue-wide counts are estimates. The durable store counts each kind of
+    /// task exactly up to 10,000 (and ready tasks up to 10,000 per priority), so that reading
+    /// the figures costs a few milliseconds whatever the size of the table; a kind past that
+    /// is PostgreSQL's estimate (`ready_by_priority` stays at 10,000 per priority). Always
+    /// `false` on the embedded store.
+    pub estimated: bool,
+    /// This pool's counters since it was built (on the durable store: of this process only).
     pub totals: Totals,
 }
 
@@ -307,6 +327,7 @@ impl Stats {
             breakers: Vec::new(),
             stuck: 0,
             delayed_entries: 0,
+            estimated: false,
             totals,
         }
     }

@@ -216,6 +216,12 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     fn stats(&self) -> Stats;
 
+    /// As [`stats`](Store::stats), or the reason the store could not be read (a durable
+    /// store's database away).
+    fn try_stats(&self) -> Result<Stats, String> {
+        Ok(self.stats())
+    }
+
     /// Each registered type's backlog, in registry order. May cost a scan of the ready tasks.
     fn type_stats(&self) -> Vec<TypeStats>;
 

@@ -44,8 +44,8 @@ fn base_url() -> Option<&'static str> {
     .as_deref()
 }
 
-/// Drops the schemas that test processes no longer running left behind (a failed test keeps its
-/// schema for a post-mortem look).
+/// Drops the schemas that test processes no longer running left behind (killed, or a failed
+/// test's with `TASQ_KEEP_FAILED_SCHEMAS` set, which keeps them for a post-mortem look).
 fn drop_stale_schemas(client: &mut Client) {
     let Ok(rows) = client.query(
         "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tasq\\_test\\_%'",
@@ -196,6 +196,12 @@ impl TestDb {
         tasq::postgres::set_policy(&self.url, &change(policy)).expect("set the policy");
     }
 
+    /// The server's connection string, with no schema of its own (`search_path` the
+    /// server's default).
+    pub fn base_url(&self) -> &'static str {
+        self.base
+    }
+
     /// A client on this test's schema, to look at the rows.
     pub fn client(&self) -> Client {
         Client::connect(&self.url, NoTls).expect("connect to PostgreSQL")
@@ -204,8 +210,8 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            // Kept for a post-mortem look.
+        if std::thread::panicking() && std::env::var_os("TASQ_KEEP_FAILED_SCHEMAS").is_some() {
+            eprintln!("kept schema {} for a post-mortem look", self.schema);
             return;
         }
         if let Ok(mut client) = Client::connect(self.base, NoTls) {

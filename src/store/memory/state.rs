@@ -1744,6 +1744,7 @@ impl State {
             breakers: self.gates.breakers(),
             stuck: 0,
             delayed_entries: self.delayed.entries(),
+            estimated: false,
             totals: self.totals,
         }
     }

@@ -141,7 +141,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
         let Some(type_index) = store.type_index(type_name) else {
             continue;
         };
-        let settings = rows::settings_of(store.registry.entry(type_index), row, 7);
+        let settings = rows::settings_of(store.registry.entry(type_index).settings(), row, 7);
         let token = CancelToken::new(store.clock.clone());
         held.push((
             seq,
@@ -538,14 +538,7 @@ pub(super) fn write_ending_tx(
 /// now, not as this process was built: see `policy.rs`); the older ones stop being dead letters
 /// and lose their payloads (their rows then age out like any finished task's).
 pub(super) fn enforce_dead_letter_limit(tx: &mut impl Sql) -> Result<u64, postgres::Error> {
-    tx.execute(
-        "UPDATE tasq_tasks SET dead = false, payload = NULL
-         WHERE id IN (
-             SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC
-             OFFSET (SELECT dead_letter_limit FROM tasq_schema)
-         ) AND (SELECT dead_letter_limit FROM tasq_schema) IS NOT NULL",
-        &[],
-    )
+    tx.execute(TRIM_DEAD_LETTERS, &[])
 }
 
 /// Cancels, transitively, the blocked dependents of `root` (which failed or was cancelled):
@@ -876,3 +869,12 @@ pub(super) fn check_invariants(store: &PgStore) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Ends the dead letters beyond the schema's limit (see [`enforce_dead_letter_limit`]): those
+/// up to the newest one past the limit, read through `tasq_dead` from its newest end (the limit's
+/// entries, then only the rows it ends); nothing at all without a limit.
+pub(super) const TRIM_DEAD_LETTERS: &str = "
+    UPDATE tasq_tasks SET dead = false, payload = NULL
+    WHERE dead AND (SELECT dead_letter_limit FROM tasq_schema) IS NOT NULL
+      AND id <= (SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC
+                 OFFSET (SELECT dead_letter_limit FROM tasq_schema) LIMIT 1)";

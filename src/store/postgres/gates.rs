@@ -213,25 +213,33 @@ const FAILED: &str = "
     RETURNING old.state, g.state";
 
 /// Aging: raises the due ready rows of the types `$1` below the ceiling `$2` to the level they
-/// earned, one per `$3` microseconds since their `run_at` (at most 5,000 rows a statement). The
-/// rows to change are found through `tasq_dequeue` (`priority < $2`), and only those are locked
-/// (`SKIP LOCKED`: a row a claimer holds is on its way out of `ready`).
-pub(crate) const AGE: &str = "
-    WITH aged AS (
-        SELECT id FROM tasq_tasks
-        WHERE status = 'ready' AND priority < $2::INT AND type = ANY($1)
-          AND run_at <= tasq_now() - interval '1 microsecond' * $3::BIGINT
-          AND LEAST($2::INT, COALESCE(base_priority, priority)
-                  + (EXTRACT(EPOCH FROM tasq_now() - run_at) * 1000000)::BIGINT / $3::BIGINT)
-              > priority
-        LIMIT 5000
-        FOR UPDATE SKIP LOCKED
+/// earned, one per `$3` microseconds since their `run_at` (at most 5,000 rows a priority). The
+/// rows are found through `tasq_dequeue` one priority below the ceiling at a time (a skip scan
+/// of its priorities), each priority's range read only as far as rows a level old, so the tasks
+/// due far ahead are never read; only the rows to change are locked (`SKIP LOCKED`: a row a
+/// claimer holds is on its way out of `ready`).
+pub(crate) const AGE: &str = concat!(
+    ready_priorities!("AND priority < $2::INT"),
+    ", aged AS (
+        SELECT a.id FROM prio, LATERAL (
+            SELECT t.id FROM tasq_tasks t
+            WHERE t.status = 'ready' AND t.priority = prio.p AND t.type = ANY($1)
+              AND t.run_at <= tasq_now() - interval '1 microsecond' * $3::BIGINT
+              AND LEAST($2::INT, COALESCE(t.base_priority, t.priority)
+                      + (EXTRACT(EPOCH FROM tasq_now() - t.run_at) * 1000000)::BIGINT
+                        / $3::BIGINT)
+                  > t.priority
+            ORDER BY t.run_at
+            LIMIT 5000
+            FOR UPDATE SKIP LOCKED) a
+        WHERE prio.p IS NOT NULL
     )
     UPDATE tasq_tasks t
     SET base_priority = COALESCE(t.base_priority, t.priority),
         priority = LEAST($2::INT, COALESCE(t.base_priority, t.priority)
                    + (EXTRACT(EPOCH FROM tasq_now() - t.run_at) * 1000000)::BIGINT / $3::BIGINT)
-    WHERE t.id = ANY(ARRAY(SELECT id FROM aged))";
+    WHERE t.id = ANY(ARRAY(SELECT id FROM aged))"
+);
 
 /// How long to wait before claiming again when a gate row was busy or missing.
 const SOON: Duration = Duration::from_millis(20);

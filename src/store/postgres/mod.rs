@@ -50,6 +50,32 @@ macro_rules! info_columns {
     };
 }
 
+/// `WITH RECURSIVE prio(p)`: the priorities of ready tasks, highest first (those below a
+/// bound, given as `"AND priority < ..."`), found by one index descent each through
+/// `tasq_dequeue`: a skip scan, which PostgreSQL plans by itself only from version 18. A
+/// statement then reads each priority's due range (`priority = prio.p AND run_at <= now`) from
+/// its oldest end, never the tasks due far ahead that sort after it. `prio` ends with a NULL
+/// row: read it `WHERE p IS NOT NULL`.
+macro_rules! ready_priorities {
+    () => {
+        ready_priorities!("")
+    };
+    ($below:literal) => {
+        concat!(
+            "WITH RECURSIVE prio(p) AS (
+                 (SELECT priority FROM tasq_tasks WHERE status = 'ready' ",
+            $below,
+            " ORDER BY priority DESC LIMIT 1)
+                 UNION ALL
+                 SELECT (SELECT t.priority FROM tasq_tasks t
+                         WHERE t.status = 'ready' AND t.priority < prio.p
+                         ORDER BY t.priority DESC LIMIT 1)
+                 FROM prio WHERE prio.p IS NOT NULL
+             )"
+        )
+    };
+}
+
 mod acks;
 mod background;
 mod conn;
@@ -60,8 +86,9 @@ mod notifier;
 mod policy;
 mod rows;
 mod schema;
+mod stats;
 
-pub use self::policy::{Policy, policy, set_policy};
+pub use self::policy::{Policy, policy, policy_in, set_policy, set_policy_in};
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
@@ -119,6 +146,7 @@ pub struct Postgres {
     pub(crate) poll_interval: Duration,
     pub(crate) connections: Option<u32>,
     pub(crate) prefetch: usize,
+    pub(crate) schema: Option<String>,
 }
 
 impl Postgres {
@@ -129,6 +157,7 @@ impl Postgres {
             poll_interval: Duration::from_millis(500),
             connections: None,
             prefetch: 0,
+            schema: None,
         }
     }
 }
@@ -151,7 +180,30 @@ impl Postgres {
 /// ```
 pub fn migrate(url: &str) -> Result<i32, postgres::Error> {
     let mut client = postgres::Client::connect(url, NoTls)?;
-    schema::migrate(&mut client)
+    schema::migrate(&mut client, None)
+}
+
+/// As [`migrate`], for the queue in schema `schema` (created if it does not exist): a pool
+/// built with [`Builder::schema`](crate::Builder::schema) of that name uses it, whatever the
+/// connection string's `search_path`. Everything the queue names derives from the schema: its
+/// tables and functions live in it, and its notification channel is `tasq_` and its name.
+///
+/// # Errors
+///
+/// [`SchemaError::InvalidName`](crate::SchemaError::InvalidName) for a name tasq does not
+/// take (1 to 63 bytes of a-z, 0-9 and `_`, not starting with a digit or `pg_`); the
+/// database's error otherwise.
+///
+/// # Examples
+///
+/// ```no_run
+/// let found = tasq::postgres::migrate_in("host=127.0.0.1 user=postgres dbname=test", "billing")?;
+/// assert!(found <= tasq::postgres::SCHEMA_VERSION);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn migrate_in(url: &str, schema: &str) -> Result<i32, crate::SchemaError> {
+    let mut client = conn::Target::new(url, Some(schema))?.connect()?;
+    Ok(schema::migrate(&mut client, Some(schema))?)
 }
 
 /// For the crate's own tests and benchmarks: the store's statements, run as the store runs them.
@@ -177,12 +229,114 @@ pub mod testing {
     /// The aging update (see `gates::AGE`): `$1` types, `$2` ceiling, `$3` microseconds a level.
     pub const AGE: &str = super::gates::AGE;
 
+    /// A statement the store runs again and again whatever the queue holds (claims, the
+    /// reaper, the cleaner, the aging update, the figures behind stats and alerts, the waits'
+    /// polls), with parameters as a pool would give them: for a test that reads their plans
+    /// on a large table. Some write: run them in a transaction that rolls back.
+    pub struct Periodic {
+        /// What it is.
+        pub name: &'static str,
+        /// Its text.
+        pub sql: &'static str,
+        /// Its parameters.
+        pub params: Vec<Box<dyn postgres::types::ToSql + Sync>>,
+    }
+
+    impl std::fmt::Debug for Periodic {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Periodic")
+                .field("name", &self.name)
+                .field("params", &self.params)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// What the store sets on each of its connections (a test reading the plans of
+    /// [`periodic`] statements on its own connection sets it too).
+    pub const SESSION: &str = super::conn::SESSION;
+
+    /// Every [`Periodic`] statement, for a queue whose types are `types` (the first aged, the
+    /// second gated).
+    pub fn periodic(types: &[&str]) -> Vec<Periodic> {
+        let types: Vec<String> = types.iter().map(|&t| t.to_owned()).collect();
+        let gated: Vec<String> = types.iter().skip(1).take(1).cloned().collect();
+        let day_us: i64 = 24 * 60 * 60 * 1_000_000;
+        let lease_us: i64 = 30_000_000;
+        let p = |name, sql, params: Vec<Box<dyn postgres::types::ToSql + Sync>>| Periodic {
+            name,
+            sql,
+            params,
+        };
+        vec![
+            p(
+                "claim",
+                CLAIM,
+                vec![
+                    Box::new(types.clone()),
+                    Box::new(10_i64),
+                    Box::new(lease_us),
+                ],
+            ),
+            p(
+                "gated pick",
+                GATED_PICK,
+                vec![
+                    Box::new(types.clone()),
+                    Box::new(10_i64),
+                    Box::new(lease_us),
+                    Box::new(gated),
+                ],
+            ),
+            p(
+                "aging update",
+                AGE,
+                vec![
+                    Box::new(types[..1].to_vec()),
+                    Box::new(5_i32),
+                    Box::new(60_000_000_i64),
+                ],
+            ),
+            p("reaper", super::background::REAP, vec![]),
+            p(
+                "retention by age",
+                super::background::RETAIN,
+                vec![Box::new(None::<i64>), Box::new(Some(day_us))],
+            ),
+            p(
+                "retention by count",
+                super::background::RETAIN,
+                vec![Box::new(Some(super::stats::CAP)), Box::new(None::<i64>)],
+            ),
+            p(
+                "dead-letter trim",
+                super::dispatch::TRIM_DEAD_LETTERS,
+                vec![],
+            ),
+            p(
+                "stats",
+                super::stats::STATS,
+                vec![Box::new(super::stats::CAP)],
+            ),
+            p(
+                "type stats",
+                super::stats::TYPE_STATS,
+                vec![Box::new(super::stats::CAP), Box::new(types.clone())],
+            ),
+            p("wait_empty poll", super::EMPTY, vec![]),
+            p(
+                "wait_idle poll",
+                super::IDLE,
+                vec![Box::new(Vec::<String>::new())],
+            ),
+        ]
+    }
+
     /// Brings the database's tasq tables to schema version `version` (at most
     /// [`SCHEMA_VERSION`](super::SCHEMA_VERSION)), as [`migrate`](super::migrate) does: for the
     /// tests of upgrades from an older version.
     pub fn migrate_to(url: &str, version: i32) -> Result<i32, postgres::Error> {
         let mut client = postgres::Client::connect(url, postgres::NoTls)?;
-        super::schema::migrate_to(&mut client, version)
+        super::schema::migrate_to(&mut client, version, None)
     }
 
     /// Runs the store's claim: up to `limit` ready, due tasks of `types`, each leased for
@@ -273,7 +427,8 @@ pub(crate) struct PgStore {
     queue: u64,
     registry: Registry,
     db: Db,
-    url: String,
+    /// Where its connections go (the listener's too).
+    target: conn::Target,
     lease: Duration,
     poll_interval: Duration,
     /// With a manual clock: the database's time when that clock was made, in microseconds since
@@ -324,18 +479,31 @@ impl PgStore {
             return Err(BuildError::NotDurable(entry.name));
         }
         let store_error = |e: postgres::Error| BuildError::Store(conn::describe(&e));
-        let mut config: postgres::Config = settings.url.parse().map_err(store_error)?;
-        conn::tcp_settings(&mut config);
+        let target =
+            conn::Target::new(&settings.url, settings.schema.as_deref()).map_err(|error| {
+                match error {
+                    crate::SchemaError::InvalidName { problem, .. } => BuildError::InvalidSetting {
+                        setting: "schema",
+                        of: "the pool",
+                        problem,
+                    },
+                    crate::SchemaError::Db(e) => store_error(e),
+                }
+            })?;
         // One connection first, to check the schema: an unreachable database or a wrong
         // name fails the build at once, with the server's message (the pool below retries
         // for its connection timeout).
-        let mut client = config.connect(postgres::NoTls).map_err(store_error)?;
+        let mut client = target.connect().map_err(store_error)?;
         let queue = match schema::read(&mut client).map_err(store_error)? {
             Some((version, queue)) if version == SCHEMA_VERSION => queue,
             found => {
+                let (migrate, place) = match target.schema() {
+                    Some(name) => ("migrate_in", format!("schema {name}")),
+                    None => ("migrate", "database".to_owned()),
+                };
                 return Err(BuildError::Store(format!(
-                    "the database's tasq schema is at version {}, this crate needs {}: call \
-                     tasq::postgres::migrate first",
+                    "the {place}'s tasq tables are at version {}, this crate needs {}: call \
+                     tasq::postgres::{migrate} first",
                     found.map_or(0, |(v, _)| v),
                     SCHEMA_VERSION
                 )));
@@ -355,7 +523,7 @@ impl PgStore {
             // No round trip to test a connection at each checkout: a broken one fails its
             // statement, which is retried (and r2d2 drops a connection that reports closed).
             .test_on_check_out(false)
-            .build(conn::Connector::new(config))
+            .build(conn::Connector::new(target.clone()))
             .map_err(|e| BuildError::Store(e.to_string()))?;
         let prefetch = settings.prefetch;
         // Only the types it has handlers for: a type declared without one is submitted here
@@ -371,7 +539,7 @@ impl PgStore {
             queue: queue as u64,
             registry,
             db,
-            url: settings.url,
+            target,
             lease: settings.lease,
             poll_interval: settings.poll_interval,
             manual_base_us,
@@ -744,94 +912,6 @@ impl PgStore {
         }
     }
 
-    /// The counts behind [`Store::stats`], or the error that kept them from being read.
-    fn read_stats(&self) -> Result<Stats, String> {
-        let (workers, totals) = {
-            let local = self.local.lock();
-            (local.live_workers, local.totals)
-        };
-        let rows = self.with_conn(|c| {
-            c.query(
-                "SELECT status, COALESCE(base_priority, priority), run_at <= tasq_now(),
-                        count(*)::BIGINT,
-                        EXTRACT(EPOCH FROM tasq_now() - min(run_at))::FLOAT8,
-                        count(*) FILTER (WHERE dead)::BIGINT
-                 FROM tasq_tasks GROUP BY 1, 2, 3",
-                &[],
-            )
-        })?;
-        let mut stats = Stats::empty(workers, totals);
-        let mut by_priority: HashMap<u8, (usize, f64)> = HashMap::new();
-        for row in rows {
-            let n = usize::try_from(row.get::<_, i64>(3)).unwrap_or(0);
-            let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
-            match rows::state_of(row.get(0), row.get(2)) {
-                TaskState::Blocked => stats.blocked += n,
-                TaskState::Scheduled => stats.scheduled += n,
-                TaskState::Ready => {
-                    stats.ready += n;
-                    let age: f64 = row.get(4);
-                    let entry = by_priority.entry(priority).or_insert((0, age));
-                    entry.0 += n;
-                    entry.1 = entry.1.max(age);
-                }
-                TaskState::Running => stats.running += n,
-                _ => {
-                    let dead = usize::try_from(row.get::<_, i64>(5)).unwrap_or(0);
-                    stats.dead_letters += dead;
-                    stats.retained += n;
-                }
-            }
-        }
-        let mut by_priority: Vec<(u8, (usize, f64))> = by_priority.into_iter().collect();
-        by_priority.sort_unstable_by_key(|&(priority, _)| std::cmp::Reverse(priority));
-        stats.ready_by_priority = by_priority.iter().map(|&(p, (n, _))| (p, n)).collect();
-        stats.oldest_ready_by_priority = by_priority
-            .iter()
-            .map(|&(p, (_, a))| (p, rows::age(a)))
-            .collect();
-        stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
-        if !self.registry.downstreams.is_empty() {
-            stats.breakers = gates::breaker_states(self);
-        }
-        Ok(stats)
-    }
-
-    /// Every registered type with no backlog, in registry order.
-    fn empty_type_stats(&self) -> Vec<TypeStats> {
-        let entries = self.registry.entries();
-        entries.iter().map(|e| TypeStats::new(e.name)).collect()
-    }
-
-    /// The backlog behind [`Store::type_stats`], or the error that kept it from being read.
-    fn read_type_stats(&self) -> Result<Vec<TypeStats>, String> {
-        let mut types = self.empty_type_stats();
-        let rows = self.with_conn(|c| {
-            c.query(
-                "SELECT type,
-                            count(*) FILTER (WHERE status = 'ready')::BIGINT,
-                            count(*) FILTER (WHERE status = 'running')::BIGINT,
-                            EXTRACT(EPOCH FROM tasq_now() - min(run_at)
-                                FILTER (WHERE status = 'ready'))::FLOAT8
-                     FROM tasq_tasks
-                     WHERE type = ANY($1)
-                       AND (status = 'running' OR (status = 'ready' AND run_at <= tasq_now()))
-                     GROUP BY type",
-                &[&self.types],
-            )
-        })?;
-        for row in rows {
-            let Some(index) = self.type_index(row.get(0)) else {
-                continue;
-            };
-            let t = &mut types[index as usize];
-            t.ready = usize::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-            t.running = usize::try_from(row.get::<_, i64>(2)).unwrap_or(0);
-            t.oldest_ready = row.get::<_, Option<f64>>(3).map(rows::age);
-        }
-        Ok(types)
-    }
-
     /// What a row read with [`info_columns!`] says of its task, with `now` the pool's clock's
     /// reading for its due time.
     fn info_of_row(&self, row: &Row, now: Instant) -> TaskInfo {
@@ -841,9 +921,10 @@ impl PgStore {
             index.map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
         // A column left NULL (a row inserted by hand) takes the type's setting here; a type
         // this pool does not know, the defaults'.
-        let declared = index.map(|i| self.registry.entry(i));
-        let fallback = crate::registry::Entry::declared(crate::TaskType::<(), ()>::new("?"));
-        let settings = rows::settings_of(declared.unwrap_or(&fallback), row, 8);
+        let defaults = index.map_or_else(crate::registry::Settings::unknown_type, |i| {
+            self.registry.entry(i).settings()
+        });
+        let settings = rows::settings_of(defaults, row, 8);
         // As the embedded store: a due time only for a task that waits for one.
         let waiting = matches!(state, TaskState::Blocked | TaskState::Scheduled);
         TaskInfo {
@@ -1516,24 +1597,27 @@ impl Store for PgStore {
     }
 
     fn stats(&self) -> Stats {
-        self.read_stats().unwrap_or_else(|_| {
+        self.try_stats().unwrap_or_else(|_| {
             // The database is away: what this process knows.
             let local = self.local.lock();
             Stats::empty(local.live_workers, local.totals)
         })
     }
 
+    fn try_stats(&self) -> Result<Stats, String> {
+        stats::read(self)
+    }
+
     fn type_stats(&self) -> Vec<TypeStats> {
-        self.read_type_stats()
-            .unwrap_or_else(|_| self.empty_type_stats())
+        stats::read_types(self).unwrap_or_else(|_| stats::empty_types(self))
     }
 
     /// Unlike [`stats`](Store::stats), says when the database could not be read: an alert must
     /// not clear on a reading of zeros taken while the database is away.
     fn backlog(&self, types: bool) -> Option<(Stats, Vec<TypeStats>)> {
-        let stats = self.read_stats().ok()?;
+        let stats = stats::read(self).ok()?;
         let types = if types {
-            self.read_type_stats().ok()?
+            stats::read_types(self).ok()?
         } else {
             Vec::new()
         };
@@ -1685,13 +1769,7 @@ impl Store for PgStore {
                 None => Vec::new(),
             };
             store
-                .with_conn(|c| {
-                    c.query_one(
-                        "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running'
-                         OR (status = 'ready' AND run_at <= tasq_now() AND type <> ALL($1)))",
-                        &[&held],
-                    )
-                })
+                .with_conn(|c| c.query_one(IDLE, &[&held]))
                 .is_ok_and(|row| row.get::<_, bool>(0))
         })
     }
@@ -1702,13 +1780,7 @@ impl Store for PgStore {
                 return false;
             }
             store
-                .with_conn(|c| {
-                    c.query_one(
-                        "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks
-                         WHERE status IN ('blocked', 'ready', 'running'))",
-                        &[],
-                    )
-                })
+                .with_conn(|c| c.query_one(EMPTY, &[]))
                 .is_ok_and(|row| row.get::<_, bool>(0))
         })
     }
@@ -2250,3 +2322,25 @@ impl fmt::Debug for PgStore {
             .finish_non_exhaustive()
     }
 }
+
+/// Whether the queue runs nothing and holds nothing due but the types `$1`, which gates hold
+/// back (`wait_idle`'s poll): each priority's due range read until a task of another type.
+pub(super) const IDLE: &str = concat!(
+    ready_priorities!(),
+    "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running')
+        AND NOT EXISTS (
+            SELECT 1 FROM prio, LATERAL (
+                SELECT 1 FROM tasq_tasks t
+                WHERE t.status = 'ready' AND t.priority = prio.p AND t.run_at <= tasq_now()
+                  AND t.type <> ALL($1)
+                LIMIT 1) x
+            WHERE prio.p IS NOT NULL)"
+);
+
+/// Whether the queue holds no unfinished task (`wait_empty`'s poll): one lookup in each
+/// state's partial index (one `IN` over the three let the planner pick a sequential scan,
+/// which reads every finished row before the first live one).
+pub(super) const EMPTY: &str = "
+    SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running')
+       AND NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'ready')
+       AND NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'blocked')";

@@ -23,8 +23,8 @@
 
 use std::time::{Duration, Instant};
 
+use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
 
 use super::PgStore;
 use super::conn::{self, Sql};
@@ -91,7 +91,7 @@ impl Notifier {
                 std::thread::sleep(step.min(self.reconnect_at - now));
                 return Vec::new();
             }
-            match listen(&store.url, &self.own) {
+            match listen(&store.target, &self.own) {
                 Ok(client) => {
                     self.client = Some(client);
                     self.connections += 1;
@@ -151,10 +151,8 @@ impl Notifier {
 }
 
 /// A connection that listens on the queue's channel (see `notify`) and on `own`.
-fn listen(url: &str, own: &str) -> Result<Client, postgres::Error> {
-    let mut config: postgres::Config = url.parse()?;
-    conn::tcp_settings(&mut config);
-    let mut client = config.connect(NoTls)?;
+fn listen(target: &conn::Target, own: &str) -> Result<Client, postgres::Error> {
+    let mut client = target.connect()?;
     let channel: String = client.query_one("SELECT tasq_channel()", &[])?.get(0);
     let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
     client.batch_execute(&format!(

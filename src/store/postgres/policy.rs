@@ -142,6 +142,30 @@ impl Policy {
 /// ```
 pub fn policy(url: &str) -> Result<Policy, postgres::Error> {
     let mut client = postgres::Client::connect(url, NoTls)?;
+    read(&mut client)
+}
+
+/// The policy of the queue in schema `schema` of the database `url` names (see [`Policy`]).
+///
+/// # Errors
+///
+/// [`SchemaError::InvalidName`](crate::SchemaError::InvalidName) for a name tasq does not
+/// take; the database's error otherwise: it could not be reached, or the schema was never
+/// migrated.
+///
+/// # Examples
+///
+/// ```no_run
+/// let policy = tasq::postgres::policy_in("host=127.0.0.1 user=postgres dbname=test", "billing")?;
+/// println!("finished tasks kept for {:?}", policy.finished_max_age_value());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn policy_in(url: &str, schema: &str) -> Result<Policy, crate::SchemaError> {
+    let mut client = super::conn::Target::new(url, Some(schema))?.connect()?;
+    Ok(read(&mut client)?)
+}
+
+fn read(client: &mut postgres::Client) -> Result<Policy, postgres::Error> {
     Ok(of_row(&client.query_one(READ, &[])?))
 }
 
@@ -162,6 +186,30 @@ pub fn policy(url: &str) -> Result<Policy, postgres::Error> {
 /// ```
 pub fn set_policy(url: &str, policy: &Policy) -> Result<(), postgres::Error> {
     let mut client = postgres::Client::connect(url, NoTls)?;
+    write(&mut client, policy)
+}
+
+/// Sets the policy of the queue in schema `schema` of the database `url` names, as
+/// [`set_policy`] does.
+///
+/// # Errors
+///
+/// As [`policy_in`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use tasq::postgres::{Policy, set_policy_in};
+/// let url = "host=127.0.0.1 user=postgres dbname=test";
+/// set_policy_in(url, "billing", &Policy::default().dead_letter_limit(Some(100_000)))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn set_policy_in(url: &str, schema: &str, policy: &Policy) -> Result<(), crate::SchemaError> {
+    let mut client = super::conn::Target::new(url, Some(schema))?.connect()?;
+    Ok(write(&mut client, policy)?)
+}
+
+fn write(client: &mut postgres::Client, policy: &Policy) -> Result<(), postgres::Error> {
     let count = |n: Option<u64>| n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
     client.execute(
         "UPDATE tasq_schema SET finished_max_age_us = $1, finished_max_count = $2,

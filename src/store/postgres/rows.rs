@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::registry::{Entry, Settings};
+use crate::registry::Settings;
 use crate::retry::RetryPolicy;
 use crate::task::{CancelReason, Failure, FailureReason, TaskId, TaskState};
 
@@ -99,8 +99,8 @@ pub(crate) fn age(seconds: f64) -> Duration {
 /// `retry_base_us`, `retry_cap_us`, `timeout_us` (0: no timeout). A column left NULL (a row
 /// inserted by hand, or before schema version 3) takes the type's setting as `entry`, this
 /// pool's registration, has it.
-pub(crate) fn settings_of(entry: &Entry, row: &postgres::Row, first: usize) -> Settings {
-    let mut settings = entry.settings();
+pub(crate) fn settings_of(defaults: Settings, row: &postgres::Row, first: usize) -> Settings {
+    let mut settings = defaults;
     let micros = |column: usize| {
         row.get::<_, Option<i64>>(column)
             .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)))

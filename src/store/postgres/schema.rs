@@ -203,20 +203,58 @@ CREATE INDEX tasq_states ON tasq_tasks (status, id) WHERE status <> 'running';
 CREATE INDEX tasq_types ON tasq_tasks (type, status, id) WHERE status NOT IN ('ready', 'running');
 ";
 
-/// Brings the schema to [`VERSION`]; returns the version it found.
-pub(crate) fn migrate(client: &mut impl GenericClient) -> Result<i32, postgres::Error> {
-    migrate_to(client, VERSION)
+/// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL
+/// identifier that needs no quoting (it reads the same in SQL, in `search_path` and in
+/// `pg_namespace`): 1 to 63 bytes of lower-case ASCII letters, digits and `_`, not starting with
+/// a digit. Otherwise, what is wrong with it.
+pub(crate) fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("is empty");
+    }
+    if name.len() > 63 {
+        return Err("is longer than PostgreSQL's 63 bytes");
+    }
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        return Err("starts with a digit");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err("has a character other than a-z, 0-9 and _");
+    }
+    if name.starts_with("pg_") {
+        return Err("starts with pg_, which PostgreSQL keeps for its own schemas");
+    }
+    Ok(())
+}
+
+/// Brings the schema to [`VERSION`]; returns the version it found. With `create`, first
+/// creates the schema of that name if it does not exist (under the migrations' lock, so that
+/// processes migrating at once do not race to create it).
+pub(crate) fn migrate(
+    client: &mut impl GenericClient,
+    create: Option<&str>,
+) -> Result<i32, postgres::Error> {
+    migrate_to(client, VERSION, create)
 }
 
 /// Brings the schema to version `target` (at most [`VERSION`]; an older one only for the tests
-/// of upgrades); returns the version it found.
+/// of upgrades); returns the version it found. `create` as [`migrate`].
 pub(crate) fn migrate_to(
     client: &mut impl GenericClient,
     target: i32,
+    create: Option<&str>,
 ) -> Result<i32, postgres::Error> {
     let target = target.clamp(1, VERSION);
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    if let Some(name) = create {
+        // Checked by `check_name`: nothing to quote.
+        tx.batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {name}; SET LOCAL search_path TO {name}"
+        ))?;
+    }
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS tasq_schema (
              version  INT NOT NULL,
@@ -260,4 +298,29 @@ pub(crate) fn read(client: &mut impl GenericClient) -> Result<Option<(i32, i64)>
 fn current(client: &mut impl GenericClient) -> Result<Option<i32>, postgres::Error> {
     let row = client.query_opt("SELECT version FROM tasq_schema", &[])?;
     Ok(row.map(|row| row.get(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_name;
+
+    #[test]
+    fn schema_names_are_checked() {
+        assert_eq!(check_name("billing_2"), Ok(()));
+        assert_eq!(check_name(&"x".repeat(63)), Ok(()));
+        assert_eq!(check_name(""), Err("is empty"));
+        assert_eq!(
+            check_name(&"x".repeat(64)),
+            Err("is longer than PostgreSQL's 63 bytes")
+        );
+        assert_eq!(check_name("2fast"), Err("starts with a digit"));
+        for bad in ["Billing", "a-b", "a b", "a\"b", "é", "a;drop"] {
+            assert_eq!(
+                check_name(bad),
+                Err("has a character other than a-z, 0-9 and _"),
+                "{bad}"
+            );
+        }
+        assert!(check_name("pg_temp").is_err());
+    }
 }
