@@ -31,6 +31,16 @@ const HOLD: TaskType<u64, String> = TaskType::new("hold");
 const LIMITED: TaskType<u64, ()> = TaskType::new("limited");
 /// The concurrency limit of [`LIMITED`].
 const LIMIT: i64 = 3;
+/// Records its run in `runs` (its attempt, the attempts its context allows, and whether its
+/// lease was already lost as it started), then fails, to be retried 50 ms later: every task of
+/// it ends a dead letter once its attempts are used up. Each worker process registers it with
+/// attempts of its own (`TASQ_WORKER_ATTEMPTS`), which its tasks must not obey.
+const FLAKY: TaskType<u64, ()> = TaskType::new("flaky");
+
+/// Every run of a [`FLAKY`] task.
+const RUNS_TABLE: &str = "CREATE TABLE runs (task BIGINT NOT NULL, lease BIGINT NOT NULL,
+                                             attempt INT NOT NULL, allowed INT NOT NULL,
+                                             stale BOOLEAN NOT NULL, worker TEXT NOT NULL)";
 
 /// Every run's effect; `running`: for a [`LIMITED`] run, its type's running rows as it started.
 const EFFECTS_TABLE: &str = "CREATE TABLE effects (task BIGINT NOT NULL, lease BIGINT NOT NULL,
@@ -74,14 +84,37 @@ fn insert_effect(
     task: u64,
     lease: Option<i64>,
 ) -> Result<(), HandlerError> {
+    with_client(url, |client| {
+        client.execute(sql, &[&(task as i64), &lease.unwrap_or(-1), &tag])
+    })
+}
+
+/// Inserts a [`FLAKY`] run into `runs`, with whether the row's lease was already another as it
+/// started.
+fn insert_run(url: &str, tag: &str, ctx: &tasq::Context) -> Result<(), HandlerError> {
+    let (task, lease) = (ctx.id().seq() as i64, ctx.lease_id().unwrap_or(-1));
+    let (attempt, allowed) = (ctx.attempt() as i32, ctx.max_attempts() as i32);
+    with_client(url, |client| {
+        client.execute(
+            "INSERT INTO runs SELECT $1, $2, $3, $4,
+                 (SELECT lease_id FROM tasq_tasks WHERE id = $1) IS DISTINCT FROM $2, $5",
+            &[&task, &lease, &attempt, &allowed, &tag],
+        )
+    })
+}
+
+/// Runs `f` on a connection of the process's own (a spare one, or a new one), kept for the
+/// next use if it worked; a database error is a retryable handler error.
+fn with_client(
+    url: &str,
+    f: impl FnOnce(&mut Client) -> Result<u64, postgres::Error>,
+) -> Result<(), HandlerError> {
     let spare = connections().lock().unwrap().pop();
     let mut client = match spare {
         Some(client) if !client.is_closed() => client,
         _ => Client::connect(url, NoTls).map_err(HandlerError::retryable)?,
     };
-    client
-        .execute(sql, &[&(task as i64), &lease.unwrap_or(-1), &tag])
-        .map_err(HandlerError::retryable)?;
+    f(&mut client).map_err(HandlerError::retryable)?;
     connections().lock().unwrap().push(client);
     Ok(())
 }
@@ -107,6 +140,10 @@ fn worker_process() {
     let (effect_url, effect_tag) = (url.clone(), tag.clone());
     let (hold_url, hold_tag) = (url.clone(), tag.clone());
     let (limited_url, limited_tag) = (url.clone(), tag.clone());
+    let (flaky_url, flaky_tag) = (url.clone(), tag.clone());
+    let flaky_attempts: u32 = std::env::var("TASQ_WORKER_ATTEMPTS")
+        .ok()
+        .map_or(3, |n| n.parse().unwrap());
     let pool = Pool::builder()
         .postgres(url)
         .workers(workers)
@@ -138,6 +175,14 @@ fn worker_process() {
             let _ = n;
             Ok::<_, HandlerError>(())
         })
+        .register_with(
+            FLAKY,
+            TypeOptions::new().max_attempts(flaky_attempts),
+            move |ctx, _: &u64| {
+                insert_run(&flaky_url, &flaky_tag, ctx)?;
+                Err(HandlerError::retryable("flaky").retry_after(Duration::from_millis(50)))
+            },
+        )
         .register(HOLD, move |ctx, _: &u64| {
             record(&hold_url, &hold_tag, ctx.id().seq(), ctx.lease_id())?;
             let _ = go().1.recv();
@@ -188,6 +233,18 @@ impl Worker {
         prefetch: usize,
         lease: Duration,
     ) -> Worker {
+        Worker::start_with(db, tag, threads, prefetch, lease, 3)
+    }
+
+    /// A worker process whose pool registers [`FLAKY`] with `attempts`.
+    fn start_with(
+        db: &TestDb,
+        tag: &str,
+        threads: usize,
+        prefetch: usize,
+        lease: Duration,
+        attempts: u32,
+    ) -> Worker {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "worker_process", "--nocapture"])
             .args(["--test-threads", "1"])
@@ -196,6 +253,7 @@ impl Worker {
             .env("TASQ_WORKER_THREADS", threads.to_string())
             .env("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string())
             .env("TASQ_WORKER_PREFETCH", prefetch.to_string())
+            .env("TASQ_WORKER_ATTEMPTS", attempts.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -292,6 +350,23 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid} failed");
 }
 
+/// Whether every task has ended; fails once `limit` has passed since `started`.
+fn all_ended(sql: &mut Client, started: Instant, limit: Duration) -> bool {
+    let left: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM tasq_tasks
+             WHERE status NOT IN ('succeeded', 'failed', 'cancelled')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        left == 0 || started.elapsed() < limit,
+        "{left} tasks left after {limit:?}"
+    );
+    left == 0
+}
+
 /// Polls `sql` (a count) until it returns at least `n`: the test waits on another process's
 /// writes, which it can only see in the database.
 fn wait_for_count(client: &mut Client, sql: &str, n: i64, what: &str) {
@@ -356,6 +431,7 @@ fn producer(db: &TestDb) -> Pool {
         .declare(HOLD, TypeOptions::new())
         // The task's settings are the producer's: its attempts as the workers register them.
         .declare(LIMITED, TypeOptions::new().max_attempts(20))
+        .declare(FLAKY, TypeOptions::new().max_attempts(4))
         .build()
         .unwrap()
 }
@@ -430,22 +506,7 @@ fn kill_9_chaos_loses_nothing() {
     let mut rng = Rng(seed | 1);
     let mut kills = 0;
     let started = Instant::now();
-    loop {
-        let left: i64 = sql
-            .query_one(
-                "SELECT count(*) FROM tasq_tasks
-                 WHERE status NOT IN ('succeeded', 'failed', 'cancelled')",
-                &[],
-            )
-            .unwrap()
-            .get(0);
-        if left == 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "{left} tasks left after ten minutes"
-        );
+    while !all_ended(&mut sql, started, Duration::from_secs(600)) {
         // The chaos schedule: a kill every 1 to 3 seconds.
         std::thread::sleep(Duration::from_millis(1_000 + rng.below(2_000)));
         let victim = rng.below(workers.len() as u64) as usize;
@@ -759,5 +820,168 @@ fn terminated_connections_lose_nothing() {
     let store_errors = worker.exit();
     assert!(store_errors > 0, "the lost connections were not reported");
     producer.check_invariants().unwrap();
+    producer.shutdown(Duration::from_secs(10));
+}
+
+/// Issue 20, section 5: a fleet built differently keeps one truth. Three worker processes
+/// register `flaky` with 1, 3 and 20 attempts (one of them prefetching), a producer declares it
+/// with 4 and submits a third of its tasks with that and the rest with attempts of their own
+/// (1 to 6), and an ops pool built with the defaults runs all along, while the schema's policy
+/// keeps every row. Every 0.4 to 1 s a worker is killed (kill -9) and restarted, or the
+/// prefetching one is stopped (SIGSTOP) past its lease and resumed. In the end:
+///
+/// * every `flaky` task ran as its own row says: it ended a dead letter with exactly its
+///   attempts used, and each of its runs saw those attempts in its context, whichever process
+///   ran it (before, each worker's registration decided);
+/// * nothing the fleet keeps was deleted: every row and every dead letter is there (before, a
+///   pool built with the defaults trimmed them to its own limits), and a tool built with limits
+///   of its own is refused;
+/// * no claim started under a lease already lost: a stopped process resumes at most the runs
+///   it was in the middle of (2 threads), never its prefetched claims;
+/// * every `effect` task succeeded once, duplicates only under leases that never completed.
+#[test]
+fn a_fleet_built_differently_keeps_one_truth_through_kills_and_stops() {
+    let Some(db) = TestDb::new() else { return };
+    let mut sql = db.client();
+    sql.batch_execute(EFFECTS_TABLE).unwrap();
+    sql.batch_execute(RUNS_TABLE).unwrap();
+    let producer = producer(&db);
+    db.change_policy(|p| p.finished_max_age(None).dead_letter_limit(None));
+    for stray in [
+        Pool::builder().postgres(db.url.clone()).retention(10, None),
+        Pool::builder()
+            .postgres(db.url.clone())
+            .dead_letter_limit(1),
+    ] {
+        assert!(matches!(
+            stray.build(),
+            Err(tasq::BuildError::InvalidSetting { .. })
+        ));
+    }
+    let ops = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .build()
+        .unwrap();
+    let lease = Duration::from_secs(2);
+    let registered = [1_u32, 3, 20];
+    let prefetching = 2;
+    let start = |i: usize, tag: &str| {
+        let prefetch = if i == prefetching { 4 } else { 0 };
+        Worker::start_with(&db, tag, 2, prefetch, lease, registered[i])
+    };
+    let mut workers: Vec<Worker> = (0..3).map(|i| start(i, &format!("w{i}"))).collect();
+    let flaky: Vec<(u64, Option<u32>)> = (0..600)
+        .map(|n| (n, (n % 3 != 0).then_some(1 + (n % 6) as u32)))
+        .collect();
+    let mut expected = std::collections::HashMap::new();
+    let handles = producer
+        .submit_batch(
+            flaky
+                .iter()
+                .map(|&(n, own)| match own {
+                    Some(attempts) => FLAKY.task(n).max_attempts(attempts),
+                    None => FLAKY.task(n),
+                })
+                .collect(),
+        )
+        .unwrap();
+    for (handle, &(_, own)) in handles.iter().zip(&flaky) {
+        expected.insert(handle.id().seq() as i64, own.unwrap_or(4) as i32);
+    }
+    let effects = producer
+        .submit_batch((0..5_000).map(|n| EFFECT.task(n)).collect())
+        .unwrap();
+    let mut rng = Rng(0xF1EE7);
+    let (mut kills, mut stops) = (0_i64, 0_i64);
+    let started = Instant::now();
+    while !all_ended(&mut sql, started, Duration::from_secs(300)) {
+        std::thread::sleep(Duration::from_millis(400 + rng.below(600)));
+        if rng.below(3) == 0 {
+            // Stopped past its lease: the others take its claims over.
+            let pid = workers[prefetching].pid();
+            signal(pid, "-STOP");
+            std::thread::sleep(lease + Duration::from_millis(1_500));
+            signal(pid, "-CONT");
+            stops += 1;
+        } else {
+            let victim = rng.below(3) as usize;
+            let tag = format!("w{victim}-{kills}");
+            let dead = std::mem::replace(&mut workers[victim], start(victim, &tag));
+            dead.kill();
+            kills += 1;
+        }
+    }
+    let mut lapsed = 0;
+    for worker in workers {
+        lapsed += worker.exit_with_totals().1;
+    }
+    wait_all_succeeded(&effects);
+    let count =
+        |sql: &mut Client, query: &str| -> i64 { sql.query_one(query, &[]).unwrap().get(0) };
+
+    // Attempts follow each row.
+    let rows = sql
+        .query(
+            "SELECT id, status, dead, attempts, max_attempts FROM tasq_tasks WHERE type = 'flaky'",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), flaky.len());
+    for row in &rows {
+        let (id, status, dead): (i64, &str, bool) = (row.get(0), row.get(1), row.get(2));
+        let (attempts, max): (i32, i32) = (row.get(3), row.get(4));
+        assert_eq!(max, expected[&id], "task {id}'s row keeps its own attempts");
+        assert_eq!(
+            (status, dead, attempts),
+            ("failed", true, max),
+            "task {id} ended with its own attempts used"
+        );
+    }
+    let runs = count(&mut sql, "SELECT count(*) FROM runs");
+    let wrong_context = count(
+        &mut sql,
+        "SELECT count(*) FROM runs r JOIN tasq_tasks t ON t.id = r.task
+         WHERE r.allowed <> t.max_attempts OR r.attempt > t.max_attempts",
+    );
+    assert_eq!(
+        wrong_context, 0,
+        "a run whose context did not follow its row"
+    );
+    let repeated_attempts = count(
+        &mut sql,
+        "SELECT count(*) FROM (SELECT task, attempt FROM runs GROUP BY 1, 2
+                               HAVING count(*) > 1) x",
+    );
+    assert_eq!(repeated_attempts, 0, "an attempt that ran twice");
+
+    // Nothing kept was deleted.
+    let total = count(&mut sql, "SELECT count(*) FROM tasq_tasks");
+    let dead_letters = count(&mut sql, "SELECT count(*) FROM tasq_tasks WHERE dead");
+    assert_eq!(total, (flaky.len() + effects.len()) as i64, "rows deleted");
+    assert_eq!(dead_letters, flaky.len() as i64, "dead letters trimmed");
+    assert_eq!(ops.dead_letters().len(), flaky.len());
+
+    // No claim started under a lost lease.
+    let stale = count(&mut sql, "SELECT count(*) FROM runs WHERE stale");
+    assert!(
+        stale <= stops * 2,
+        "{stale} runs started under a lease already lost, after {stops} stops of a process \
+         with 2 threads"
+    );
+    let duplicates = count(
+        &mut sql,
+        "SELECT count(*) FROM effects e JOIN tasq_tasks t ON t.id = e.task
+         WHERE e.lease <> t.lease_id",
+    );
+    println!(
+        "fleet: {} tasks, {runs} flaky runs, {kills} kills, {stops} stops, {lapsed} claims \
+         given back unstarted, {stale} runs under a lost lease, {duplicates} duplicate effects, \
+         {:.1} s",
+        total,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(kills + stops > 0, "the run ended before the first kill");
+    ops.shutdown(Duration::from_secs(10));
     producer.shutdown(Duration::from_secs(10));
 }
