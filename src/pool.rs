@@ -561,7 +561,7 @@ impl Pool {
     }
 
     /// A snapshot of the pool's counts, or [`StatsError::StoreUnavailable`] when the durable
-    /// store's database cannot be read (never on the embedded store).
+    /// store's database cannot be read within 5 seconds (never on the embedded store).
     ///
     /// # Examples
     ///

@@ -237,3 +237,37 @@ fn a_limited_type_causes_no_stampede_of_claims() {
         pool.shutdown(Duration::from_secs(10));
     }
 }
+
+/// Section 2: `try_stats` says the store is away (within a few seconds: a reading waits 5 s for
+/// the database, not the minute other work waits), where `stats` gives the queue's figures as
+/// zeros and this pool's totals. Before, both returned zeros and said nothing.
+#[test]
+fn try_stats_says_when_the_store_is_away() {
+    let Some(db) = TestDb::new() else { return };
+    let (proxy, url) = db.through_proxy();
+    let pool = Pool::builder()
+        .postgres(url)
+        .workers(0)
+        .declare(JOB, TypeOptions::new())
+        .build()
+        .unwrap();
+    pool.submit(JOB.task(1)).unwrap();
+    assert_eq!(pool.try_stats().unwrap().ready, 1);
+    // Every connection cut, and no new one accepted.
+    drop(proxy);
+    let asked = Instant::now();
+    let error = pool.try_stats().unwrap_err();
+    assert!(
+        matches!(error, tasq::StatsError::StoreUnavailable(_)),
+        "{error:?}"
+    );
+    assert!(asked.elapsed() < Duration::from_secs(30), "a hang guard");
+    println!(
+        "away: {error} after {:.1} s, {} store errors",
+        asked.elapsed().as_secs_f64(),
+        pool.stats().totals.store_errors
+    );
+    let stats = pool.stats();
+    assert_eq!((stats.ready, stats.totals.submitted), (0, 1));
+    pool.shutdown(Duration::from_secs(1));
+}

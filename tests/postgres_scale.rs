@@ -142,3 +142,41 @@ fn periodic_queries_read_indexes_at_a_million_rows() {
         );
     }
 }
+
+/// Past 10,000 of a kind, the figures are PostgreSQL's estimates, and say so; below, they are
+/// exact.
+#[test]
+fn counts_past_the_cap_are_estimates_and_say_so() {
+    let Some(db) = TestDb::new() else { return };
+    const JOB: tasq::TaskType<u32, u32> = tasq::TaskType::new("job");
+    let pool = tasq::Pool::builder()
+        .postgres(db.url.clone())
+        .workers(0)
+        .declare(JOB, tasq::TypeOptions::new())
+        .build()
+        .unwrap();
+    for n in 0..5 {
+        pool.submit(JOB.task(n)).unwrap();
+    }
+    let stats = pool.try_stats().unwrap();
+    assert_eq!(
+        (stats.ready, stats.retained, stats.estimated),
+        (5, 0, false)
+    );
+    let mut sql = db.client();
+    sql.batch_execute(
+        "INSERT INTO tasq_tasks (type, payload, priority, status, max_attempts, finished_at)
+         SELECT 'job', '1', 0, 'succeeded', 3, now() FROM generate_series(1, 12000);",
+    )
+    .unwrap();
+    sql.batch_execute("ANALYZE tasq_tasks").unwrap();
+    let stats = pool.try_stats().unwrap();
+    assert!(stats.estimated, "{stats:?}");
+    assert!(
+        (10_000..=15_000).contains(&stats.retained),
+        "an estimate near 12,000: {}",
+        stats.retained
+    );
+    assert_eq!(stats.ready, 5, "the kinds below the cap stay exact");
+    pool.shutdown(std::time::Duration::from_secs(5));
+}

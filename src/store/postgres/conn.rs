@@ -160,6 +160,24 @@ impl Conn {
         is_lost(error) && !self.may_have_committed
     }
 
+    /// Runs `sql`, which only reads, on the bare connection, as [`Sql::query`] does; unlike
+    /// it, keeps the work safe to run again if the connection is lost (a read commits
+    /// nothing).
+    pub(super) fn query_read(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, postgres::Error> {
+        let result = self
+            .statements
+            .get(&mut self.client, sql)
+            .and_then(|statement| self.client.query(&statement, params));
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
     /// A transaction whose statements use (and add to) the connection's prepared ones.
     pub(super) fn transaction(&mut self) -> Result<Tx<'_>, postgres::Error> {
         Ok(Tx {

@@ -128,6 +128,13 @@ pub const SCHEMA_VERSION: i32 = schema::VERSION;
 
 type Db = r2d2::Pool<conn::Connector>;
 
+/// How long the store waits for the database before an operation fails (see `error.rs`).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// How long a reading of the queue's figures (`Pool::try_stats`, the alerts' and metrics'
+/// samples) waits for the database before it says the store is away.
+const READING_PATIENCE: Duration = Duration::from_secs(5);
+
 /// The settings of a durable pool: where the database is, and how leases and polling behave.
 /// Made by [`Builder::postgres`](crate::Builder::postgres); see the `Builder<Postgres>` methods.
 ///
@@ -609,19 +616,25 @@ impl PgStore {
     }
 
     /// A connection from the pool that answers, retried with backoff while the database is
-    /// unreachable (up to a minute: past that the caller's operation fails). A connection idle
+    /// unreachable (until `give_up`, a minute for most callers: past that the caller's
+    /// operation fails). A connection idle
     /// for a while is checked first (see `conn::IDLE_CHECK`): one whose server process went
     /// away (an outage, a restart) is dropped and another taken, so no statement is sent on it.
     ///
     /// `check`: check it whether idle or not.
-    fn conn(&self, check: bool) -> Result<r2d2::PooledConnection<conn::Connector>, String> {
+    fn conn(
+        &self,
+        check: bool,
+        give_up: Instant,
+    ) -> Result<r2d2::PooledConnection<conn::Connector>, String> {
         let mut delay = Duration::from_millis(50);
-        let give_up = Instant::now() + Duration::from_secs(60);
         // Broken idle connections met in a row: after an outage every idle one is; the next
         // may be good, so the first few are replaced at once.
         let mut broken = 0;
         loop {
-            let error = match self.db.get() {
+            // r2d2 waits for a connection up to its own timeout: not past ours.
+            let patience = give_up.saturating_duration_since(Instant::now());
+            let error = match self.db.get_timeout(patience.max(Duration::from_millis(1))) {
                 Ok(mut conn) => match conn.check_if_idle(check) {
                     Ok(()) => return Ok(conn),
                     // Broken: r2d2 drops it (its client reports closed) as it goes back.
@@ -654,6 +667,16 @@ impl PgStore {
         self.with_conn_at(None, f)
     }
 
+    /// As [`with_conn`](PgStore::with_conn), waiting for a connection `patience` at most
+    /// instead of a minute: for a reading whose caller would rather hear the store is away.
+    fn with_conn_within<R>(
+        &self,
+        patience: Duration,
+        f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
+    ) -> Result<R, String> {
+        self.with_conn_for(None, Instant::now() + patience, f)
+    }
+
     /// As [`with_conn`](PgStore::with_conn), with `tasq_now()` at `at`, a time read earlier
     /// from a manual clock by [`manual_now_us`](PgStore::manual_now_us) (`None`: the clock's
     /// time as each attempt starts). For writes whose times belong to an earlier moment than
@@ -661,6 +684,16 @@ impl PgStore {
     fn with_conn_at<R>(
         &self,
         at: Option<i64>,
+        f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
+    ) -> Result<R, String> {
+        self.with_conn_for(at, Instant::now() + PATIENCE, f)
+    }
+
+    /// The body of the `with_conn` family: connections are waited for until `give_up`.
+    fn with_conn_for<R>(
+        &self,
+        at: Option<i64>,
+        give_up: Instant,
         mut f: impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, String> {
         let mut attempts = 0;
@@ -669,7 +702,7 @@ impl PgStore {
         let mut check = false;
         loop {
             attempts += 1;
-            let error = match self.try_with_conn(at, check, &mut f) {
+            let error = match self.try_with_conn(at, check, give_up, &mut f) {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
@@ -702,9 +735,10 @@ impl PgStore {
         &self,
         at: Option<i64>,
         check: bool,
+        give_up: Instant,
         f: &mut impl FnMut(&mut conn::Conn) -> Result<R, postgres::Error>,
     ) -> Result<R, StoreFailure> {
-        let mut conn = self.conn(check).map_err(StoreFailure::Connect)?;
+        let mut conn = self.conn(check, give_up).map_err(StoreFailure::Connect)?;
         // A manual clock sets `tasq_now()` on this connection (a test's pool only), after the
         // checkout: the setting a connection kept from its last use is stale.
         if let Some(now) = at.or_else(|| self.manual_now_us()) {

@@ -98,12 +98,13 @@ fn estimated_kind(kind: &str) -> &'static str {
 /// The planner's estimate of how many rows `predicate` holds (from the table's statistics, kept
 /// by autovacuum's `ANALYZE`); at least `CAP`, the count already seen.
 fn estimate(c: &mut super::conn::Conn, predicate: &str) -> Result<usize, postgres::Error> {
-    use super::conn::Sql;
-    let row = c.query_one(
+    let rows = c.query_read(
         &format!("EXPLAIN (FORMAT JSON) SELECT 1 FROM tasq_tasks WHERE {predicate}"),
         &[],
     )?;
-    let plan: serde_json::Value = row.get(0);
+    let plan: serde_json::Value = rows
+        .first()
+        .map_or(serde_json::Value::Null, |row| row.get(0));
     let rows = plan[0]["Plan"]["Plan Rows"].as_f64().unwrap_or(0.0);
     Ok((rows as usize).max(CAP as usize))
 }
@@ -123,10 +124,7 @@ pub(super) fn read(store: &PgStore) -> Result<Stats, String> {
     let mut by_priority: HashMap<u8, (usize, f64)> = HashMap::new();
     // The kinds whose count reached the cap.
     let mut capped: Vec<String> = Vec::new();
-    let rows = store.with_conn(|c| {
-        use super::conn::Sql;
-        c.query(STATS, &[&CAP])
-    })?;
+    let rows = store.with_conn_within(super::READING_PATIENCE, |c| c.query_read(STATS, &[&CAP]))?;
     for row in &rows {
         let kind: &str = row.get(0);
         let n: i64 = row.get(2);
@@ -152,7 +150,7 @@ pub(super) fn read(store: &PgStore) -> Result<Stats, String> {
     }
     if !capped.is_empty() {
         stats.estimated = true;
-        let estimates = store.with_conn(|c| {
+        let estimates = store.with_conn_within(super::READING_PATIENCE, |c| {
             capped
                 .iter()
                 .map(|kind| estimate(c, estimated_kind(kind)))
@@ -193,9 +191,8 @@ pub(super) fn empty_types(store: &PgStore) -> Vec<TypeStats> {
 /// Each registered type's backlog, or the error that kept it from being read.
 pub(super) fn read_types(store: &PgStore) -> Result<Vec<TypeStats>, String> {
     let mut types = empty_types(store);
-    let rows = store.with_conn(|c| {
-        use super::conn::Sql;
-        c.query(TYPE_STATS, &[&CAP, &store.types])
+    let rows = store.with_conn_within(super::READING_PATIENCE, |c| {
+        c.query_read(TYPE_STATS, &[&CAP, &store.types])
     })?;
     for row in rows {
         let Some(index) = store.type_index(row.get(0)) else {
