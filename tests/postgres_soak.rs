@@ -2,7 +2,9 @@
 //! once, then checks the run's invariants (the durable counterpart of `tests/soak.rs`).
 //!
 //! Two worker pools share one schema, as two processes would (pool A prefetches), and a producer
-//! pool without workers submits tasks of seven types. Three are plain (three, five and one
+//! pool without workers, which declares the types (no handlers), submits tasks of seven types.
+//! Pool B registers the plain types with other attempts and retry policy than the producer
+//! declares, as a process built at another time might: every task follows its own row. Three are plain (three, five and one
 //! attempts; retries after a millisecond or so); four carry the mitigations, which the pools
 //! share through the rows. REMOTE and RATED call a downstream whose circuit breaker opens after
 //! three failures in a row and probes again after a short cool-down; an outage thread takes the
@@ -16,12 +18,14 @@
 //! resubmit succeeds), panic, sleep on its token (interrupted by a cancel or a shutdown
 //! deadline, it fails retryably), or overrun (TIMED). Tasks go in alone or in batches, with
 //! random priorities, some delays, idempotency keys from a small set shared by the types
-//! (duplicates and key conflicts happen), and dependencies on 1–3 recent tasks. A canceller
-//! thread cancels a share of them (through a pool or the handle) at random moments after their
-//! submit, so cancels meet blocked, delayed, ready, held and running tasks. Now and then the
-//! producer lists the dead letters (all, by type, a page) and resubmits some (with or without
-//! the dependents their failure cancelled; now and then with the wrong type), takes or purges
-//! others. Late in the run pool A shuts down with a short random deadline (once one of its
+//! (duplicates and key conflicts happen; the producer looks keys up with `find_key`), one plain
+//! task in eight with attempts of its own (`Task::max_attempts`), and dependencies on 1–3 recent
+//! tasks. A canceller thread cancels a share of them (through a pool, the handle, or
+//! `cancel_key`) at random moments after their submit, so cancels meet blocked, delayed, ready,
+//! held and running tasks. Now and then the producer lists the dead letters (all, by type, a
+//! page), reads some payloads (`dead_letter_payload`) and resubmits some (with or without the
+//! dependents their failure cancelled; now and then with the wrong type), takes or purges
+//! others. A sampler pages through the tasks of each state and type (`Pool::tasks`). Late in the run pool A shuts down with a short random deadline (once one of its
 //! handlers sleeps) while pool B carries on; the run ends when every handle has its outcome.
 //!
 //! Checked at the end (all violations are collected, then reported with the seed): every handle
@@ -35,7 +39,11 @@
 //! handler ran but on a cancel, the shutdown deadline or (TIMED) the timeout; pool A ran nothing
 //! after its shutdown; the rows agree (none left unfinished; attempts; dead letters;
 //! resubmissions; aging kept each task's own priority, and never lowered one nor lifted it past
-//! the ceiling); every pool's `check_invariants` holds; `stats().workers` stayed at the
+//! the ceiling); a task's runs never exceed its own attempts, as its row keeps them, whichever
+//! pool ran it; `find_key` names a key's holder (the task, or none once it ended failed or
+//! cancelled); a dead letter's payload is its task's; a page of tasks is in id order after the
+//! last and lists only its state and type; the worker start and exit hooks ran once per worker
+//! of A and B; every pool's `check_invariants` holds; `stats().workers` stayed at the
 //! configured count while a pool ran, with no worker panic and no store error; the three pools'
 //! totals add up to the outcomes seen. And the mitigations ([`check_mitigations`]): LIMITED's
 //! handlers never ran more than its limit at once across both pools; RATED's claims never
@@ -179,6 +187,19 @@ impl Ty {
         }
     }
 
+    /// Its options as pool B registers it: the plain types with other attempts and another
+    /// retry policy than the producer declares, as a process built at another time might. The
+    /// tasks' rows keep the producer's, and B must obey them.
+    fn options_on_b(self) -> TypeOptions {
+        let slow = RetryPolicy::exponential(Duration::from_millis(2), Duration::from_millis(10));
+        match self {
+            Ty::Fast | Ty::Patient | Ty::Once => TypeOptions::new()
+                .max_attempts(self.max_attempts() + 4)
+                .retry_policy(slow),
+            _ => self.options(),
+        }
+    }
+
     /// A type with a mitigation: a breaker, a limit or a timeout.
     fn mitigated(self) -> bool {
         matches!(self, Ty::Remote | Ty::Limited | Ty::Rated | Ty::Timed)
@@ -224,16 +245,26 @@ struct Job {
     seq: u64,
     ty: Ty,
     kind: Kind,
+    /// Attempts of its own (`Task::max_attempts`), which its row keeps and every pool obeys,
+    /// instead of its type's as the producer declares it.
+    own_attempts: Option<u32>,
 }
 
 impl Job {
     fn output(&self) -> u64 {
         self.seq * 2 + 1
     }
+
+    /// The attempts its task may start: its own, else its type's.
+    fn max_attempts(&self) -> u32 {
+        self.own_attempts.unwrap_or(self.ty.max_attempts())
+    }
 }
 
 fn make_job(rng: &mut Rng, seq: u64, ty: Ty) -> Job {
-    let limit = ty.max_attempts();
+    // One plain task in eight has attempts of its own.
+    let own_attempts = (!ty.mitigated() && rng.chance(12)).then(|| 1 + rng.below(6) as u32);
+    let limit = own_attempts.unwrap_or(ty.max_attempts());
     let roll = rng.below(100);
     let kind = if ty == Ty::Timed {
         match roll {
@@ -261,7 +292,12 @@ fn make_job(rng: &mut Rng, seq: u64, ty: Ty) -> Job {
             _ => Kind::Succeed,
         }
     };
-    Job { seq, ty, kind }
+    Job {
+        seq,
+        ty,
+        kind,
+        own_attempts,
+    }
 }
 
 /// splitmix64: the test's choices, from the seed.
@@ -471,11 +507,29 @@ fn silence_expected_panics() {
     });
 }
 
+/// Which of the run's three pools to build.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// No workers: declares the types (no handlers), with the options its tasks carry.
+    Producer,
+    /// Registers the types with the producer's options.
+    A,
+    /// Registers the plain types with other options (see [`Ty::options_on_b`]).
+    B,
+}
+
+/// Worker threads started and exited in pools A and B (their start and exit hooks).
+#[derive(Default)]
+struct WorkerHooks {
+    started: [AtomicUsize; 2],
+    exited: [AtomicUsize; 2],
+}
+
 fn build_pool(
     url: &str,
-    workers: usize,
-    prefetch: usize,
+    (role, workers, prefetch): (Role, usize, usize),
     rec: &Arc<Recorder>,
+    hooks: &Arc<WorkerHooks>,
     name: &'static str,
 ) -> Pool {
     let hook_rec = Arc::clone(rec);
@@ -499,10 +553,23 @@ fn build_pool(
             let mut events = hook_rec.events.lock().unwrap();
             events.push((name, event.clone(), tick));
         });
+    let side = usize::from(role == Role::B);
+    let (started, exited) = (Arc::clone(hooks), Arc::clone(hooks));
+    builder = builder
+        .on_worker_start(move |_| {
+            started.started[side].fetch_add(1, Ordering::SeqCst);
+        })
+        .on_worker_exit(move |_| {
+            exited.exited[side].fetch_add(1, Ordering::SeqCst);
+        });
     for ty in Ty::ALL {
         let rec = Arc::clone(rec);
         let handler = move |ctx: &Context, job: &Job| run_job(&rec, ctx, job);
-        builder = builder.register_with(ty.task_type(), ty.options(), handler);
+        builder = match role {
+            Role::Producer => builder.declare(ty.task_type(), ty.options()),
+            Role::A => builder.register_with(ty.task_type(), ty.options(), handler),
+            Role::B => builder.register_with(ty.task_type(), ty.options_on_b(), handler),
+        };
     }
     builder.build().expect("build a durable pool")
 }
@@ -611,8 +678,9 @@ impl Produced {
     }
 }
 
-/// A cancel the producer orders: when, which task, and its handle.
-type CancelOrder = (Instant, TaskId, TaskHandle<u64>);
+/// A cancel the producer orders: when, which task, its handle, and its key (if it has one: a
+/// cancel by key, now and then).
+type CancelOrder = (Instant, TaskId, TaskHandle<u64>, Option<String>);
 
 #[derive(Debug)]
 struct CancelRecord {
@@ -663,6 +731,9 @@ fn produce(
             seq += 1;
             let priority = rng.below(10) as u8;
             let mut task = ty.task_type().task(job).priority(priority);
+            if let Some(attempts) = job.own_attempts {
+                task = task.max_attempts(attempts);
+            }
             if rng.chance(10) {
                 task = task.delay(Duration::from_millis(1 + rng.below(30)));
             }
@@ -731,7 +802,7 @@ fn produce(
             };
             if rng.chance(share) {
                 let at = Instant::now() + Duration::from_micros(rng.below(30_000));
-                orders.send((at, id, handle.clone())).unwrap();
+                orders.send((at, id, handle.clone(), key.clone())).unwrap();
             }
             // Another pool's handle: B's any time, A's only before it closes (a closed pool has
             // nobody to publish an outcome to a handle made after it stopped).
@@ -745,6 +816,19 @@ fn produce(
                     Some(handle) => p.extra.push((id, handle, "another pool's")),
                     None => cx.f.add("another pool has no handle", || format!("{id}")),
                 }
+            }
+            // Now and then its key looked up: this task holds it, unless it has already
+            // ended failed or cancelled (only this thread submits).
+            if let Some(key) = key.as_deref().filter(|_| rng.chance(50)) {
+                p.count("find_key");
+                let holder = cx.producer.find_key(key);
+                let state = cx.producer.status(id);
+                let fits = holder == Some(id)
+                    || (holder.is_none()
+                        && matches!(state, Some(TaskState::Failed | TaskState::Cancelled)));
+                cx.f.check(fits, "find_key named the wrong holder", || {
+                    format!("{id} (key {key}): found {holder:?}, the task is {state:?}")
+                });
             }
             let task = (job, priority, deps, key, Origin::Submitted);
             p.accept(cx.f, handle, task);
@@ -808,6 +892,15 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
             || format!("{letter:?}: its own is {priority}"),
         );
         p.listed.entry(id).or_insert(letter.failure.clone());
+        if rng.chance(15) {
+            p.count("dead_letter_payload");
+            let copy = pool.dead_letter_payload(ty, id);
+            f.check(
+                copy == Some(job),
+                "a dead letter's payload is not its task's",
+                || format!("{id}: {copy:?}, not {job:?}"),
+            );
+        }
         if !rng.chance(40) {
             continue;
         }
@@ -819,7 +912,9 @@ fn dead_letter_pass(cx: &Cx<'_>, rng: &mut Rng, p: &mut Produced, orders: &Sende
                         p.resubmitted.insert(id, handle.id());
                         if rng.chance(10) {
                             let at = Instant::now() + Duration::from_micros(rng.below(10_000));
-                            orders.send((at, handle.id(), handle.clone())).unwrap();
+                            orders
+                                .send((at, handle.id(), handle.clone(), key.clone()))
+                                .unwrap();
                         }
                         let task = (job, priority, Vec::new(), key, Origin::Resubmitted(id));
                         p.accept(f, handle, task);
@@ -930,12 +1025,27 @@ fn cancel_loop(
             .into_iter()
             .partition(|o| o.0 <= now);
         due = later;
-        for (_, id, handle) in ripe {
+        for (_, id, handle, key) in ripe {
             let before = rec.tick();
-            let result = match rng.below(3) {
-                0 => cx.producer.cancel(id),
-                1 => cx.b.cancel(id),
-                _ => handle.cancel(),
+            let (id, result) = match (rng.below(4), key) {
+                // By its key: the key's holder now, which is this task unless it ended failed
+                // or cancelled (freeing the key for another, whose cancel this then is).
+                (3, Some(key)) => match cx.producer.cancel_key(&key) {
+                    Ok((holder, outcome)) => (holder, Ok(outcome)),
+                    Err(tasq::CancelError::UnknownKey(_)) => {
+                        let state = cx.producer.status(id);
+                        cx.f.check(
+                            matches!(state, Some(TaskState::Failed | TaskState::Cancelled)),
+                            "cancel_key found no holder of a live or succeeded task's key",
+                            || format!("{id} (key {key}): {state:?}"),
+                        );
+                        continue;
+                    }
+                    Err(error) => (id, Err(error)),
+                },
+                (0, _) => (id, cx.producer.cancel(id)),
+                (1, _) => (id, cx.b.cancel(id)),
+                _ => (id, handle.cancel()),
             };
             records.push(CancelRecord {
                 id,
@@ -944,7 +1054,7 @@ fn cancel_loop(
                 result,
             });
         }
-        let next = due.iter().map(|(at, _, _)| *at).min();
+        let next = due.iter().map(|(at, _, _, _)| *at).min();
         let wait = next.map_or(Duration::from_secs(1), |at| {
             at.saturating_duration_since(now)
         });
@@ -959,9 +1069,58 @@ fn cancel_loop(
     }
 }
 
-/// Watches the worker pools until told to stop: every worker alive while its pool runs.
+/// Watches the worker pools until told to stop: every worker alive while its pool runs. And
+/// pages through the queue's tasks of one state (or one type and state) now and then, a few
+/// pages at a time: every page is in id order after the last, no longer than asked, and names
+/// only tasks in the state asked for (one statement reads the page).
 fn sample(cx: &Cx<'_>, a_closing: &AtomicBool, stop: Receiver<()>) {
+    let states = [
+        TaskState::Ready,
+        TaskState::Running,
+        TaskState::Scheduled,
+        TaskState::Blocked,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Cancelled,
+    ];
+    let mut turn = 0_usize;
     loop {
+        turn += 1;
+        let state = states[turn % states.len()];
+        let mut filter = tasq::TaskFilter::new().state(state);
+        if turn % 3 == 0 {
+            filter = filter.task_type(Ty::ALL[turn % Ty::ALL.len()].task_type().name());
+        }
+        let mut after = None;
+        for _ in 0..3 {
+            let page = cx.b.tasks(&filter, after, 40);
+            let in_order = page.windows(2).all(|w| w[0].id < w[1].id)
+                && after.is_none_or(|a| page.first().is_none_or(|t| t.id > a));
+            cx.f.check(
+                in_order && page.len() <= 40,
+                "a page of tasks out of order or too long",
+                || {
+                    format!(
+                        "{filter:?} after {after:?}: {:?}",
+                        page.iter().map(|t| t.id).collect::<Vec<_>>()
+                    )
+                },
+            );
+            // Ready and scheduled tasks are told apart by the clock as the page is read.
+            let due_apart = matches!(state, TaskState::Ready | TaskState::Scheduled);
+            let wrong = page.iter().find(|t| {
+                let apart = due_apart && matches!(t.state, TaskState::Ready | TaskState::Scheduled);
+                (t.state != state && !apart)
+                    || filter.get_task_type().is_some_and(|ty| t.task_type != ty)
+            });
+            cx.f.check(wrong.is_none(), "a page lists a task it should not", || {
+                format!("{filter:?}: {wrong:?}")
+            });
+            match page.last() {
+                Some(last) if page.len() == 40 => after = Some(last.id),
+                _ => break,
+            }
+        }
         let (a, b) = (cx.a.stats(), cx.b.stats());
         // Read after the stats: if unset, they were taken before A's shutdown began.
         let a_open = !a_closing.load(Ordering::SeqCst);
@@ -1078,9 +1237,22 @@ fn durable_soak() {
 
     let rec = Arc::new(Recorder::default());
     let findings = Findings::default();
-    let producer = build_pool(&db.url, 0, 0, &rec, "pg-soak-producer");
-    let pool_a = build_pool(&db.url, WORKERS_A, PREFETCH_A, &rec, "pg-soak-a");
-    let pool_b = build_pool(&db.url, WORKERS_B, 0, &rec, "pg-soak-b");
+    let hooks = Arc::new(WorkerHooks::default());
+    let producer = build_pool(
+        &db.url,
+        (Role::Producer, 0, 0),
+        &rec,
+        &hooks,
+        "pg-soak-producer",
+    );
+    let pool_a = build_pool(
+        &db.url,
+        (Role::A, WORKERS_A, PREFETCH_A),
+        &rec,
+        &hooks,
+        "pg-soak-a",
+    );
+    let pool_b = build_pool(&db.url, (Role::B, WORKERS_B, 0), &rec, &hooks, "pg-soak-b");
     let cx = Cx {
         producer: &producer,
         a: &pool_a,
@@ -1167,6 +1339,22 @@ fn durable_soak() {
     let report_b = pool_b.shutdown(Duration::from_secs(30));
     producer.shutdown(Duration::from_secs(30));
     set_phase("checking");
+    for (side, workers) in [WORKERS_A, WORKERS_B].into_iter().enumerate() {
+        let (started, exited) = (
+            hooks.started[side].load(Ordering::SeqCst),
+            hooks.exited[side].load(Ordering::SeqCst),
+        );
+        findings.check(
+            (started, exited) == (workers, workers),
+            "worker start and exit hooks did not run once per worker",
+            || {
+                format!(
+                    "pool {}: {started} starts, {exited} exits of {workers}",
+                    ["A", "B"][side]
+                )
+            },
+        );
+    }
     check_run(
         &cx,
         &rec,
@@ -1257,7 +1445,7 @@ fn ends_as_its_runs_say(job: Job, runs: &[Run], outcome: &Outcome<u64>, deadline
     let Some(last) = runs.last() else {
         return false;
     };
-    let (n, max) = (runs.len() as u32, job.ty.max_attempts());
+    let (n, max) = (runs.len() as u32, job.max_attempts());
     let fits = |timed_out: bool| match outcome {
         Outcome::Succeeded(output) => {
             *output == job.output() && last.returned == Returned::Ok && !timed_out
@@ -1350,7 +1538,7 @@ fn check_run(
 
     for id in &p.order {
         let task = &p.tasks[id];
-        let (job, runs, max) = (task.job, runs_of(id), task.job.ty.max_attempts());
+        let (job, runs, max) = (task.job, runs_of(id), task.job.max_attempts());
         let row = rows.get(&(id.seq() as i64));
         let Some(outcome) = outcomes.get(id) else {
             let status = row.map(|row| row.get::<_, String>(1));
@@ -1608,8 +1796,8 @@ fn check_run(
         .iter()
         .flat_map(|(id, runs)| runs.iter().map(move |r| (id, r)))
     {
-        let ty = p.tasks[id].job.ty;
-        if !retries(ty, r) || r.attempt >= ty.max_attempts() {
+        let job = p.tasks[id].job;
+        if !retries(job.ty, r) || r.attempt >= job.max_attempts() {
             continue;
         }
         let deadline = r.on_a && interrupted.contains(id);
