@@ -528,7 +528,10 @@ impl Builder<crate::postgres::Postgres> {
     /// that pool declares or registers it, and every worker process obeys them: declare a type
     /// with the same options its workers register it with (one shared `TypeOptions` constant is
     /// the simplest way), or give a task its own with [`Task::max_attempts`](crate::Task::max_attempts)
-    /// and its siblings. [`TaskInfo`](crate::TaskInfo) shows the settings a task got.
+    /// and its siblings. [`TaskInfo`](crate::TaskInfo) shows the settings a task got. A pool
+    /// built with other options for a type than the last pool built with it on the schema
+    /// reports each difference when it is built
+    /// ([`Event::DeclarationMismatch`](crate::Event::DeclarationMismatch)).
     ///
     /// Declaring a name that is also registered makes [`build`](Builder::build) fail with
     /// [`BuildError::DuplicateType`].

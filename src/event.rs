@@ -92,6 +92,20 @@ pub enum Event {
         /// What it measured.
         value: AlertValue,
     },
+    /// (Durable store.) This pool, as it was built, declares a task type with other settings
+    /// than the last pool built with it on the same schema: tasks each submits carry their
+    /// submitter's settings, and each pool applies its own limits. Reported once per type at
+    /// build (see `Totals::declaration_mismatches`); give a type the same `TypeOptions`
+    /// everywhere.
+    DeclarationMismatch {
+        /// The type.
+        task_type: &'static str,
+        /// Each setting that differs, with this pool's value and, in brackets, the other's:
+        /// `"max_attempts 20 (3)"`.
+        differences: String,
+        /// Who declared it the other way, and when: `"4711@worker-3 at 2026-12-05 07:12:03 UTC"`.
+        declared_by: String,
+    },
 }
 
 impl fmt::Display for Event {
@@ -122,6 +136,15 @@ impl fmt::Display for Event {
             }
             Event::AlertRaised { alert, value } => write!(f, "alert raised: {alert} ({value})"),
             Event::AlertCleared { alert, value } => write!(f, "alert cleared: {alert} ({value})"),
+            Event::DeclarationMismatch {
+                task_type,
+                differences,
+                declared_by,
+            } => write!(
+                f,
+                "task type {task_type} is declared here otherwise than by {declared_by}: \
+                 {differences}"
+            ),
         }
     }
 }

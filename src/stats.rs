@@ -119,6 +119,9 @@ pub struct Totals {
     pub claims: u64,
     /// See [`claims`](Totals::claims).
     pub empty_claims: u64,
+    /// (Durable store.) Task types this pool declared otherwise than the last pool built with
+    /// them on the schema, found when it was built (see `Event::DeclarationMismatch`).
+    pub declaration_mismatches: u64,
 }
 
 /// What the pool knows of one task.
@@ -347,6 +350,7 @@ impl Totals {
             lapsed_claims: self.lapsed_claims - earlier.lapsed_claims,
             claims: self.claims - earlier.claims,
             empty_claims: self.empty_claims - earlier.empty_claims,
+            declaration_mismatches: self.declaration_mismatches - earlier.declaration_mismatches,
         }
     }
 }

@@ -130,6 +130,14 @@ pub(crate) fn event(event: &Event) {
         Event::AlertCleared { alert, value } => {
             tracing::info!(target: "tasq", %alert, %value, "alert cleared")
         }
+        Event::DeclarationMismatch {
+            task_type,
+            differences,
+            declared_by,
+        } => tracing::warn!(
+            target: "tasq", task_type, differences = differences.as_str(),
+            declared_by = declared_by.as_str(), "task type declared otherwise elsewhere"
+        ),
     }
     #[cfg(not(feature = "tracing"))]
     let _ = event;

@@ -532,3 +532,65 @@ fn one_pool_at_a_time_runs_the_cleaner_with_fail_over() {
     assert_ne!(cleaner(&db).unwrap().0, first);
     pool.shutdown(Duration::from_secs(10));
 }
+
+/// Section 1: a producer and a worker that declare a type differently are reported, never
+/// silent. The first pool built with a type records its declaration; a pool built with other
+/// settings for it reports each difference at build (`Event::DeclarationMismatch`, counted in
+/// `Totals::declaration_mismatches`) and records its own; one built like the last reports
+/// nothing. Before, a producer's 3 attempts capped the tasks of workers registered with 20, and
+/// nobody heard of it.
+#[test]
+fn a_type_declared_otherwise_than_the_fleet_is_reported() {
+    let Some(db) = TestDb::new() else { return };
+    let build = |options: TypeOptions, events: Option<crossbeam_channel::Sender<tasq::Event>>| {
+        let mut builder = Pool::builder()
+            .postgres(db.url.clone())
+            .workers(0)
+            .declare(FLAKY, options);
+        if let Some(events) = events {
+            builder = builder.on_event(move |event: &tasq::Event| {
+                let _ = events.send(event.clone());
+            });
+        }
+        builder.build().unwrap()
+    };
+    let producer = build(TypeOptions::new().max_attempts(3), None);
+    assert_eq!(
+        producer.stats().totals.declaration_mismatches,
+        0,
+        "the first"
+    );
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let worker = build(
+        TypeOptions::new().max_attempts(20).concurrency_limit(2),
+        Some(tx),
+    );
+    assert_eq!(worker.stats().totals.declaration_mismatches, 1);
+    match rx.recv_timeout(Duration::from_secs(10)).unwrap() {
+        tasq::Event::DeclarationMismatch {
+            task_type,
+            differences,
+            declared_by,
+        } => {
+            assert_eq!(task_type, "flaky");
+            assert_eq!(differences, "concurrency 2 (null), max_attempts 20 (3)");
+            let pid = std::process::id().to_string();
+            assert!(declared_by.starts_with(&format!("{pid}@")), "{declared_by}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let like_the_worker = build(
+        TypeOptions::new().max_attempts(20).concurrency_limit(2),
+        None,
+    );
+    assert_eq!(like_the_worker.stats().totals.declaration_mismatches, 0);
+    let like_the_producer = build(TypeOptions::new().max_attempts(3), None);
+    assert_eq!(
+        like_the_producer.stats().totals.declaration_mismatches,
+        1,
+        "against the last declaration, the worker's"
+    );
+    for pool in [producer, worker, like_the_worker, like_the_producer] {
+        pool.shutdown(Duration::from_secs(5));
+    }
+}

@@ -79,6 +79,7 @@ macro_rules! ready_priorities {
 mod acks;
 mod background;
 mod conn;
+mod declarations;
 mod dispatch;
 mod gates;
 mod leader;
@@ -516,6 +517,10 @@ impl PgStore {
                 )));
             }
         };
+        // The types as this pool declares them, against the fleet's last declarations.
+        let holder = format!("{}@{}", std::process::id(), host_name());
+        let mismatches =
+            declarations::record(&mut client, &registry, &holder).map_err(store_error)?;
         let manual_base_us = match clock.manual_offset() {
             Some(offset) => Some(manual_base(&mut client, &clock, offset).map_err(store_error)?),
             None => None,
@@ -562,7 +567,10 @@ impl PgStore {
                 stopping: false,
                 live_workers: workers,
                 handlers_in_shutdown: 0,
-                totals: Totals::default(),
+                totals: Totals {
+                    declaration_mismatches: mismatches.len() as u64,
+                    ..Totals::default()
+                },
                 gate_wake: None,
             }),
             work_cv: Condvar::new(),
@@ -585,6 +593,9 @@ impl PgStore {
                 .map_err(BuildError::Store)?;
         }
         store.hub.attach(&store);
+        for event in mismatches {
+            store.events.emit(event);
+        }
         let sleeper: Weak<PgStore> = Arc::downgrade(&store);
         store.clock.register(sleeper);
         // The fetcher is joined at shutdown. The maintenance thread is not: it outlives the
@@ -1371,6 +1382,14 @@ fn leak_name(name: String) -> &'static str {
     let leaked: &'static str = Box::leak(name.into_boxed_str());
     seen.push(leaked);
     leaked
+}
+
+/// This machine's name, for a pool's name in the schema's records (`pid@host`).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map_or_else(|| "?".to_owned(), |name| name.trim().to_owned())
 }
 
 /// Notifies the queue's channel, `tasq_channel()` (`tasq_<schema>`, so that queues in other

@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 4;
+pub(crate) const VERSION: i32 = 5;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 4] = [V1, V2, V3, V4];
+const MIGRATIONS: [&str; 5] = [V1, V2, V3, V4, V5];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -201,6 +201,18 @@ $$;
 const V4: &str = "
 CREATE INDEX tasq_states ON tasq_tasks (status, id) WHERE status <> 'running';
 CREATE INDEX tasq_types ON tasq_tasks (type, status, id) WHERE status NOT IN ('ready', 'running');
+";
+
+/// Version 5: how each task type was last declared in the fleet (see `declarations.rs`): its
+/// settings as the last pool built with it gave them, that pool, and when. A pool built with
+/// other settings for a type says so (`Event::DeclarationMismatch`), and records its own.
+const V5: &str = "
+CREATE TABLE tasq_declarations (
+    type        TEXT PRIMARY KEY,
+    settings    JSONB NOT NULL,
+    declared_by TEXT NOT NULL,
+    declared_at TIMESTAMPTZ NOT NULL
+);
 ";
 
 /// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL
