@@ -350,6 +350,15 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid} failed");
 }
 
+/// Held by a test that starts a fleet of worker processes: two such fleets at once (about 45
+/// database connections each) would crowd the server's default limit of 100 connections.
+fn one_fleet_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static FLEET: Mutex<()> = Mutex::new(());
+    FLEET
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Whether every task has ended; fails once `limit` has passed since `started`.
 fn all_ended(sql: &mut Client, started: Instant, limit: Duration) -> bool {
     let left: i64 = sql
@@ -445,6 +454,7 @@ fn producer(db: &TestDb) -> Pool {
 /// running.
 #[test]
 fn kill_9_chaos_loses_nothing() {
+    let _fleet = one_fleet_at_a_time();
     let Some(db) = TestDb::new() else { return };
     let tasks: u64 = std::env::var("TASQ_CHAOS_TASKS")
         .ok()
@@ -841,6 +851,7 @@ fn terminated_connections_lose_nothing() {
 /// * every `effect` task succeeded once, duplicates only under leases that never completed.
 #[test]
 fn a_fleet_built_differently_keeps_one_truth_through_kills_and_stops() {
+    let _fleet = one_fleet_at_a_time();
     let Some(db) = TestDb::new() else { return };
     let mut sql = db.client();
     sql.batch_execute(EFFECTS_TABLE).unwrap();
