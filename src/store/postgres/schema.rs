@@ -207,7 +207,9 @@ CREATE INDEX tasq_types ON tasq_tasks (type, status, id) WHERE status NOT IN ('r
 /// settings as the last pool built with it gave them, that pool, and when. A pool built with
 /// other settings for a type says so (`Event::DeclarationMismatch`), and records its own.
 const V5: &str = "
-CREATE TABLE tasq_declarations (
+-- IF NOT EXISTS: a schema whose task tables were dropped by hand (to start over) may keep it;
+-- its records stay valid for a new queue.
+CREATE TABLE IF NOT EXISTS tasq_declarations (
     type        TEXT PRIMARY KEY,
     settings    JSONB NOT NULL,
     declared_by TEXT NOT NULL,
