@@ -8,16 +8,26 @@
 //! times then succeeding, exhausting its retries, failing permanently, failing permanently only on
 //! its first run ever (so resubmitting it succeeds), panicking, sleeping on its token, or
 //! submitting a follow-up task from its handler (`Context::submit`); half the retryable failures
-//! ask for their own delay (`HandlerError::retry_after`); with
-//! priorities, delays and run_at times (some in the past), dependencies on 1–3 recent, delayed,
+//! ask for their own delay (`HandlerError::retry_after`); about one task in eight has attempts
+//! of its own (`Task::max_attempts`, 1–6, in place of its type's; a transient one fails fewer
+//! times than that), and now and then one has a retry policy or a timeout of its own
+//! (`Task::retry_policy`, `Task::timeout`: a minute, which on the timed type replaces its short
+//! one, so its overruns succeed); with
+//! priorities, delays, run_at times and wall-clock times (`run_at_system_time`, on the manual
+//! clock too; some of each in the past), dependencies on 1–3 recent, delayed,
 //! failing or long-forgotten tasks, given as ids or as handles (a refusal with
 //! `UnknownDependency` is an accepted, counted outcome), and idempotency keys from a small set
 //! (duplicates and cross-type conflicts happen). Meanwhile the producer lists dead letters (all,
-//! by type, by page) and resubmits them (now and then with the wrong type; half the time with the
-//! dependents their failure cancelled, `resubmit_with_dependents`), takes or purges them; a
+//! by type, by page), copies some of their payloads (`dead_letter_payload`, now and then with
+//! the wrong type), and resubmits them (now and then with the wrong type; half the time with the
+//! dependents their failure cancelled, `resubmit_with_dependents`), takes or purges them, and
+//! looks up who holds a key (`find_key`); a
 //! canceller thread cancels random tasks (and the ones the producer marked: blocked, delayed and
-//! ordinary ones), through the pool or a handle, at random moments; a sampler thread watches
-//! `stats()` and calls `wait_empty` with a zero timeout; and the run ends with a `shutdown` whose deadline is drawn at random (sometimes too
+//! ordinary ones), through the pool, a handle or a key (`cancel_key`), at random moments, and
+//! reads `info`; a sampler thread watches
+//! `stats()`, calls `wait_empty` with a zero timeout, and pages through the tasks of a state, a
+//! type, both or neither (`Pool::tasks`); the workers' start and exit hooks count themselves and
+//! call back into the pool (`stats`; a submit from an exit hook); and the run ends with a `shutdown` whose deadline is drawn at random (sometimes too
 //! short to drain, sometimes while the producer is still submitting). The producer waits (briefly)
 //! while more than a few thousand tasks are queued, so that delays, dependencies and cancels meet
 //! a live pool rather than a queue a million deep.
@@ -48,14 +58,28 @@
 //! the tasks that held its key; each outcome fits what the handler was told to do and how many
 //! attempts it saw (an outage's runs shift its attempts; on the timed type a run the pool timed
 //! out may add attempts, never more than the pool counted timeouts); attempts never exceed the
-//! type's limit and none is skipped or repeated (a task held by a gate burns none); a task
+//! task's limit (its own, else its type's) and none is skipped or repeated (a task held by a
+//! gate burns none), and every run's `ctx.max_attempts()` is that limit; `info` (sampled while a
+//! task lives, and at the end) shows the task's own settings, else its type's; a delayed task
+//! never started before its time (for a wall-clock time, as far as the producer can bound the
+//! wall clock's advance during the submit); a task
 //! cancelled before it started never started afterwards; a dependent never started before every
 //! dependency's handler had
 //! returned `Ok` and every dependency succeeded, and a task cancelled because of a dependency
 //! never ran; the totals balance (submitted = succeeded + failed + cancelled), match the handles
 //! and the shutdown report; the tasks the report calls interrupted ran and ended cancelled; the
 //! dead letters are failed tasks with the same failure, neither taken, purged nor resubmitted, and
-//! every refusal of a resubmit fits; `stats().workers` never dropped below the configured count
+//! every refusal of a resubmit fits; a copy of a dead letter's payload is the job submitted (none
+//! for the wrong type), and the letter stays listed unless the dead-letter limit pushed it out
+//! (then the list is full and newer); `find_key` names a task that held the key and had not
+//! freed it (failed or cancelled) before the lookup, and `cancel_key` returns such a task (live,
+//! or succeeded if it finds it finished), its cancel checked as any other; every page of
+//! `Pool::tasks` keeps to its limit and its filter, its ids (of this pool) increase across the
+//! pages, and every task listed is one the run submitted, listed with its type and settings,
+//! and in a terminal state only if it ended so; the start hook ran once per worker, on its
+//! thread, and, once shutdown returned, so did the exit hook (no worker is ever replaced), and
+//! their calls back into the pool did no harm (the exit hook's submit is refused as shut down);
+//! `stats().workers` never dropped below the configured count
 //! while the run lasted and `totals.worker_panics` stayed 0; the pool never forgot an unfinished
 //! task; and the engine's own `check_invariants` holds every 10,000 submits and at the end.
 //!
@@ -63,13 +87,16 @@
 //! counter in the handler); the rated type's starts (handler timestamps on the pool's clock)
 //! never exceeded `burst + rate × t` over any window, give or take one task per worker between
 //! the gate and the handler; a run whose token fired without a cancel, or that lasted its
-//! timeout on the pool's clock, never counts as the task's success: the task ends `TimedOut`,
+//! timeout on the pool's clock (the timed type's short one: with a minute of its own, a run's
+//! token never fires), never counts as the task's success: the task ends `TimedOut`,
 //! succeeds on a later attempt or is cancelled; every task that ended failed was reported by exactly one `DeadLetter` event with
 //! its type, reason, attempts and error, and no other task was; each downstream's breaker events
 //! form a path of its state machine and end in the state `stats()` shows; each alert's events
 //! alternate raised, cleared (each value on the right side of its threshold); `Stuck` events
-//! name timed runs past their timeout and grace, once each, and `stats().stuck` is 0 at the
-//! end; the runs the metrics count per type are the runs the handlers saw.
+//! name timed runs (on the short timeout) past their timeout and grace, once each, and
+//! `stats().stuck` is 0 at the end; the runs the metrics count per type are the runs the
+//! handlers saw, and no type but the timed one counts a timeout (a minute of a task's own
+//! never fires).
 //!
 //! `TASQ_SOAK_TASKS` sets the number of tasks per test (default 300,000); `TASQ_SOAK_SEED`
 //! replays a run (the seed is printed, and named in every failure; each task's choices come from
@@ -87,14 +114,14 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender};
 use tasq::{
     Aging, Alert, AlertValue, Breaker, BreakerState, CancelError, CancelOutcome, CancelReason,
     Context, Event, FailureReason, HandlerError, ManualClock, Outcome, Pool, RateLimit,
-    ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, TaskHandle, TaskId, TaskState,
-    TaskType, TypeOptions,
+    ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, Task, TaskFilter, TaskHandle,
+    TaskId, TaskState, TaskType, TypeOptions,
 };
 
 const PANIC_MARKER: &str = "tasq soak: expected panic";
@@ -105,6 +132,11 @@ const FAST_ATTEMPTS: u32 = 3;
 /// Five attempts, its own (even shorter) retry policy.
 const PATIENT: TaskType<Job, u64> = TaskType::new("soak-patient");
 const PATIENT_ATTEMPTS: u32 = 5;
+const PATIENT_RETRY: RetryPolicy =
+    RetryPolicy::exponential(Duration::from_micros(10), Duration::from_micros(200));
+/// The pool's retry policy: every type but the patient one takes it.
+const POOL_RETRY: RetryPolicy =
+    RetryPolicy::exponential(Duration::from_micros(20), Duration::from_millis(1));
 /// One attempt: any error dead-letters it.
 const ONCE: TaskType<Job, u64> = TaskType::new("soak-once");
 const ONCE_ATTEMPTS: u32 = 1;
@@ -129,6 +161,18 @@ const TIMEOUT: Duration = Duration::from_millis(1);
 const STUCK_AFTER: Duration = Duration::from_millis(1);
 /// How long past its timeout and grace a `Stubborn` handler ignores its token.
 const STUBBORN_EXTRA: Duration = Duration::from_millis(1);
+
+/// Settings of a task's own (`Task::max_attempts`, `retry_policy`, `timeout`), now and then:
+/// about one task in [`OWN_ATTEMPTS_ONE_IN`] has attempts of its own, 1 to [`OWN_ATTEMPTS_MAX`];
+/// one in [`OWN_OTHER_ONE_IN`] the retry policy [`OWN_RETRY`], one in as many the timeout
+/// [`OWN_TIMEOUT`].
+const OWN_ATTEMPTS_ONE_IN: u64 = 8;
+const OWN_ATTEMPTS_MAX: u64 = 6;
+const OWN_OTHER_ONE_IN: u64 = 32;
+const OWN_RETRY: RetryPolicy = RetryPolicy::exponential(Duration::ZERO, Duration::from_micros(50));
+/// Long enough never to fire (a minute of the pool's clock): on a task of the timed type it
+/// replaces [`TIMEOUT`], so that its overruns succeed and its stubborn runs are not stuck.
+const OWN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The downstream [`GUARDED`] and [`TIMED`] call: its breaker opens after a few failures in a
 /// row and probes again soon.
@@ -254,14 +298,24 @@ impl Ty {
         Ty::ALL[(self.index() + 1) % Ty::ALL.len()]
     }
 
+    /// Its retry policy.
+    fn retry(self) -> RetryPolicy {
+        match self {
+            Ty::Patient => PATIENT_RETRY,
+            _ => POOL_RETRY,
+        }
+    }
+
+    /// Its timeout.
+    fn timeout(self) -> Option<Duration> {
+        (self == Ty::Timed).then_some(TIMEOUT)
+    }
+
     fn options(self) -> TypeOptions {
         let options = TypeOptions::new().max_attempts(self.limit());
         match self {
             Ty::Fast | Ty::Once => options,
-            Ty::Patient => options.retry_policy(RetryPolicy::exponential(
-                Duration::from_micros(10),
-                Duration::from_micros(200),
-            )),
+            Ty::Patient => options.retry_policy(PATIENT_RETRY),
             Ty::Guarded => options
                 .downstream(DOWNSTREAM)
                 .concurrency_limit(GUARDED_LIMIT),
@@ -307,11 +361,56 @@ struct Job {
     seq: u64,
     ty: Ty,
     kind: Kind,
+    /// Its settings of its own (the payload carries them, so the handler and the checks know
+    /// them; a resubmit keeps them, as the pool does).
+    own: Own,
+}
+
+/// A task's own settings, where it has them (its type's elsewhere).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Own {
+    attempts: Option<u32>,
+    retry: Option<RetryPolicy>,
+    timeout: Option<Duration>,
 }
 
 impl Job {
     fn output(&self) -> u64 {
         self.seq * 2 + 1
+    }
+
+    /// How many attempts it may start: its own limit, else its type's.
+    fn limit(&self) -> u32 {
+        self.own.attempts.unwrap_or(self.ty.limit())
+    }
+
+    fn retry(&self) -> RetryPolicy {
+        self.own.retry.unwrap_or(self.ty.retry())
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        self.own.timeout.or(self.ty.timeout())
+    }
+
+    /// Whether its runs time out within the run: the timed type's short [`TIMEOUT`] applies
+    /// ([`OWN_TIMEOUT`] never fires).
+    fn timed(&self) -> bool {
+        self.timeout() == Some(TIMEOUT)
+    }
+
+    /// The task to submit: of its type, with its own settings.
+    fn task(self) -> Task<Job, u64> {
+        let mut task = self.ty.task_type().task(self);
+        if let Some(attempts) = self.own.attempts {
+            task = task.max_attempts(attempts);
+        }
+        if let Some(retry) = self.own.retry {
+            task = task.retry_policy(retry);
+        }
+        if let Some(timeout) = self.own.timeout {
+            task = task.timeout(timeout);
+        }
+        task
     }
 }
 
@@ -327,7 +426,15 @@ fn make_job(rng: &mut Rng, seq: u64, burst: Option<Ty>) -> Job {
         _ => Ty::Timed,
     };
     let ty = burst.unwrap_or(drawn);
-    let limit = ty.limit();
+    // Settings of its own now and then; a transient job fails fewer times than its own limit.
+    let own = Own {
+        attempts: rng
+            .chance(1, OWN_ATTEMPTS_ONE_IN)
+            .then(|| 1 + rng.below(OWN_ATTEMPTS_MAX) as u32),
+        retry: rng.chance(1, OWN_OTHER_ONE_IN).then_some(OWN_RETRY),
+        timeout: rng.chance(1, OWN_OTHER_ONE_IN).then_some(OWN_TIMEOUT),
+    };
+    let limit = own.attempts.unwrap_or(ty.limit());
     let mut kind = match rng.below(1000) {
         700..820 if limit > 1 => Kind::Transient(1 + rng.below(u64::from(limit - 1)) as u32),
         820..850 => Kind::Exhaust,
@@ -349,7 +456,7 @@ fn make_job(rng: &mut Rng, seq: u64, burst: Option<Ty>) -> Job {
             _ => kind,
         };
     }
-    Job { seq, ty, kind }
+    Job { seq, ty, kind, own }
 }
 
 // ===== what the handlers saw =====
@@ -363,6 +470,8 @@ struct Runs {
     /// Logical times of the first and the last handler start.
     first_start: u64,
     last_start: u64,
+    /// When the first handler started, on the pool's clock.
+    first_at: Instant,
     /// Logical time at which a handler of this task last returned `Ok`.
     last_ok: Option<u64>,
     /// A handler of this task saw its token fire.
@@ -418,6 +527,10 @@ struct Recorder {
     type_runs: [AtomicU64; Ty::ALL.len()],
     /// When each rated handler started, on the pool's clock.
     rated_starts: Mutex<Vec<Instant>>,
+    /// Runs whose `Context` showed another limit of attempts than the task's (its own, else
+    /// its type's), and the first few of them.
+    wrong_limits: AtomicU64,
+    wrong_limit_examples: Mutex<Vec<String>>,
 }
 
 /// Counts a handler of a type as running until dropped (a panicking one too).
@@ -442,6 +555,8 @@ impl Recorder {
             most: Default::default(),
             type_runs: Default::default(),
             rated_starts: Mutex::new(Vec::new()),
+            wrong_limits: AtomicU64::new(0),
+            wrong_limit_examples: Mutex::new(Vec::new()),
         }
     }
 
@@ -463,8 +578,9 @@ impl Recorder {
         RunningGuard(&self.running[index])
     }
 
-    /// A run starts; returns the outages of the task's runs before it.
-    fn start(&self, id: TaskId, attempt: u32) -> u32 {
+    /// A run starts (at `at` on the pool's clock); returns the outages of the task's runs
+    /// before it.
+    fn start(&self, id: TaskId, attempt: u32, at: Instant) -> u32 {
         let now = self.tick();
         let mut shard = self.shard(id).lock().unwrap();
         let runs = shard.entry(id).or_insert(Runs {
@@ -472,6 +588,7 @@ impl Recorder {
             max_attempt: 0,
             first_start: now,
             last_start: now,
+            first_at: at,
             last_ok: None,
             saw_token: false,
             last_token: false,
@@ -519,7 +636,20 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
         recorder.rated_starts.lock().unwrap().push(started);
     }
     let _running = recorder.enter(job.ty);
-    let outages = recorder.start(ctx.id(), ctx.attempt());
+    let outages = recorder.start(ctx.id(), ctx.attempt(), started);
+    // The run knows its task's own limit (fixed at submit), else its type's.
+    if ctx.max_attempts() != job.limit() {
+        recorder.wrong_limits.fetch_add(1, Ordering::Relaxed);
+        let mut examples = recorder.wrong_limit_examples.lock().unwrap();
+        if examples.len() < 4 {
+            examples.push(format!(
+                "{} ({job:?}), attempt {}: ctx.max_attempts() {}",
+                ctx.id(),
+                ctx.attempt(),
+                ctx.max_attempts()
+            ));
+        }
+    }
     let outage = job.ty.calls_downstream() && recorder.outage.load(Ordering::SeqCst);
     // The attempt as the job's kind counts it: an outage's runs do not count.
     let attempt = ctx.attempt() - outages;
@@ -558,8 +688,10 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
             Err(tasq::Cancelled) => Err(HandlerError::retryable("interrupted")),
         },
         Kind::Spawn => {
+            // Submitted without settings of its own.
             let child = Job {
                 kind: Kind::Succeed,
+                own: Own::default(),
                 ..*job
             };
             match ctx.submit(job.ty.task_type().task(child)) {
@@ -594,7 +726,7 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
         Kind::OverrunOnce | Kind::Stubborn => Ok(job.output()),
     };
     let saw_token = ctx.is_cancelled();
-    let late = job.ty == Ty::Timed
+    let late = job.timed()
         && !saw_token
         && recorder.pool_clock.now().saturating_duration_since(started) >= TIMEOUT;
     recorder.returned(
@@ -764,6 +896,122 @@ fn call_back(
     }
 }
 
+// ===== the worker hooks =====
+
+/// What the worker hooks saw: the index each start and each exit was called with, and what
+/// their calls back into the pool found wrong.
+#[derive(Default)]
+struct WorkerLog {
+    started: Mutex<Vec<usize>>,
+    exited: Mutex<Vec<usize>>,
+    findings: Mutex<Vec<String>>,
+    /// Calls back into the pool from the hooks.
+    callbacks: AtomicU64,
+}
+
+impl WorkerLog {
+    fn finding(&self, finding: String) {
+        self.findings.lock().unwrap().push(finding);
+    }
+
+    /// The pool, if it is built and still there.
+    fn pool(slot: &OnceLock<Weak<Pool>>) -> Option<Arc<Pool>> {
+        slot.get().and_then(Weak::upgrade)
+    }
+
+    /// Checks that a hook runs on its worker's thread, `{prefix}-{index}`.
+    fn check_thread(&self, hook: &str, prefix: &str, index: usize) {
+        let name = thread::current().name().map(str::to_owned);
+        if name.as_deref() != Some(&format!("{prefix}-{index}")) {
+            self.finding(format!(
+                "the {hook} hook of worker {index} ran on thread {name:?}"
+            ));
+        }
+    }
+}
+
+/// `on_worker_start`: counts the start; worker 0 waits (a little) for the pool to be built and
+/// reads its `stats()`, the others do if it is built already.
+fn worker_start(
+    log: &Arc<WorkerLog>,
+    slot: &Arc<OnceLock<Weak<Pool>>>,
+    prefix: &'static str,
+    workers: usize,
+) -> impl Fn(usize) + Send + Sync + 'static {
+    let (log, slot) = (Arc::clone(log), Arc::clone(slot));
+    move |index| {
+        log.started.lock().unwrap().push(index);
+        log.check_thread("start", prefix, index);
+        if index == 0 {
+            let give_up = Instant::now() + Duration::from_secs(1);
+            while slot.get().is_none() && Instant::now() < give_up {
+                thread::sleep(Duration::from_micros(200));
+            }
+        }
+        let Some(pool) = WorkerLog::pool(&slot) else {
+            return;
+        };
+        log.callbacks.fetch_add(1, Ordering::Relaxed);
+        match panic::catch_unwind(AssertUnwindSafe(|| pool.stats())) {
+            Ok(stats) if stats.workers > workers => log.finding(format!(
+                "stats() from the start hook of worker {index}: {} workers of {workers}",
+                stats.workers
+            )),
+            Ok(_) => {}
+            Err(payload) => log.finding(format!(
+                "stats() from the start hook of worker {index} panicked: {}",
+                panic_message(&*payload)
+            )),
+        }
+    }
+}
+
+/// `on_worker_exit`: counts the exit (after that worker's start); now and then reads
+/// `stats()` and submits a task, which the pool, closed by then, must refuse.
+fn worker_exit(
+    log: &Arc<WorkerLog>,
+    slot: &Arc<OnceLock<Weak<Pool>>>,
+    prefix: &'static str,
+) -> impl Fn(usize) + Send + Sync + 'static {
+    let (log, slot) = (Arc::clone(log), Arc::clone(slot));
+    move |index| {
+        log.check_thread("exit", prefix, index);
+        if !log.started.lock().unwrap().contains(&index) {
+            log.finding(format!("worker {index} exited before its start hook ran"));
+        }
+        log.exited.lock().unwrap().push(index);
+        if index % 2 == 1 {
+            return;
+        }
+        let Some(pool) = WorkerLog::pool(&slot) else {
+            return;
+        };
+        log.callbacks.fetch_add(1, Ordering::Relaxed);
+        let job = Job {
+            seq: 0,
+            ty: Ty::Fast,
+            kind: Kind::Succeed,
+            own: Own::default(),
+        };
+        let called = panic::catch_unwind(AssertUnwindSafe(|| {
+            let _ = pool.stats();
+            pool.submit(job.task())
+                .map(|h| h.id())
+                .map_err(|e| e.kind().clone())
+        }));
+        match called {
+            Err(payload) => log.finding(format!(
+                "a call back into the pool from the exit hook of worker {index} panicked: {}",
+                panic_message(&*payload)
+            )),
+            Ok(Err(SubmitErrorKind::ShutDown)) => {}
+            Ok(other) => log.finding(format!(
+                "a submit from the exit hook of worker {index} (the pool closed): {other:?}"
+            )),
+        }
+    }
+}
+
 // ===== the watchdog =====
 
 /// Turns a hang anywhere in a test into a failure with a message: if the test has not finished
@@ -868,12 +1116,15 @@ struct Accepted {
     /// The dead letter this task resubmits.
     resubmit_of: Option<TaskId>,
     handle: TaskHandle<u64>,
+    /// A delayed task's earliest start, on the pool's clock, as the producer can bound it.
+    not_before: Option<Instant>,
 }
 
 /// What the producer hands the canceller.
 struct Msg {
     id: TaskId,
-    ty: Ty,
+    job: Job,
+    key: Option<String>,
     handle: TaskHandle<u64>,
     /// Cancel this one soon (a blocked, delayed or ordinary task picked by the producer).
     cancel_soon: bool,
@@ -893,9 +1144,11 @@ struct CancelRecord {
     /// Logical times just before the call and just after it returned.
     before: u64,
     after: u64,
-    /// `pool.status(id)` just before the call.
+    /// `pool.status(id)` just before the call (`None` for a cancel by key).
     seen: Option<TaskState>,
     result: CancelResult,
+    /// A cancel by key (`cancel_key`) that returned `id`.
+    by_key: Option<String>,
 }
 
 #[derive(Default, Debug)]
@@ -921,6 +1174,17 @@ struct Counters {
     outages: u64,
     /// Bursts of one limited or rated type.
     bursts: u64,
+    /// Tasks with settings of their own (any of them), and with attempts of their own.
+    own_settings: u64,
+    own_attempts: u64,
+    /// Delayed tasks due at a wall-clock time (`run_at_system_time`), in the future or past.
+    system_time: u64,
+    /// Dead letters' payloads copied (`dead_letter_payload`), and asked for with the wrong type.
+    payloads_copied: u64,
+    payloads_wrong_type: u64,
+    /// `find_key` lookups that named a holder, and that named none.
+    keys_found: u64,
+    keys_not_found: u64,
 }
 
 /// The producer's results.
@@ -930,6 +1194,8 @@ struct Produced {
     extra_handles: Vec<(TaskId, TaskHandle<u64>)>,
     dead: DeadLetterLog,
     counters: Counters,
+    /// Every task that held (or may have held) each key.
+    ids_with_key: HashMap<String, Vec<TaskId>>,
 }
 
 struct Shared<'a> {
@@ -943,6 +1209,8 @@ struct Shared<'a> {
     last_stats: &'a Mutex<String>,
     /// Set by the sampler once a worker is gone: the producer stops waiting for the backlog.
     workers_lost: &'a AtomicBool,
+    /// The pool's `dead_letter_limit`.
+    dead_letter_limit: usize,
 }
 
 fn produce(
@@ -958,6 +1226,8 @@ fn produce(
     let mut dead_rng = Rng(mix(cfg.seed ^ 0xDEAD));
     // So do outages and bursts: they span many tasks.
     let mut spans_rng = Rng(mix(cfg.seed ^ 0xB0257));
+    // And the lookups of keys.
+    let mut keys_rng = Rng(mix(cfg.seed ^ 0x4E75));
     let mut outage_left: u64 = 0;
     let mut burst: Option<(Ty, u64)> = None;
     let mut tasks: IdMap<Accepted> =
@@ -966,6 +1236,8 @@ fn produce(
     let mut dead = DeadLetterLog::default();
     let mut c = Counters::default();
     let mut ids_with_key: HashMap<String, Vec<TaskId>> = HashMap::new();
+    // The keys of `ids_with_key`, to draw from.
+    let mut keys: Vec<String> = Vec::new();
     // Rings of ids to depend on, cancel and resubmit.
     let mut recent: VecDeque<TaskId> = VecDeque::with_capacity(33);
     let mut waiting: VecDeque<TaskId> = VecDeque::with_capacity(17);
@@ -1016,6 +1288,12 @@ fn produce(
             );
         }
 
+        // Now and then: who holds a key?
+        if !keys.is_empty() && keys_rng.chance(1, 32) {
+            let key = &keys[keys_rng.below(keys.len() as u64) as usize];
+            find_key_step(sh, key, &tasks, &ids_with_key, &mut c);
+        }
+
         // The downstream goes out for a few hundred submits now and then: the guarded and
         // timed handlers fail meanwhile, and the breaker opens, probes and closes.
         if outage_left > 0 {
@@ -1042,7 +1320,7 @@ fn produce(
             c.bursts += 1;
         }
         let job = make_job(&mut rng, seq, forced);
-        let mut task = job.ty.task_type().task(job);
+        let mut task = job.task();
         task = task.priority(match rng.below(20) {
             0 => u8::MAX,
             1 => rng.below(256) as u8,
@@ -1050,16 +1328,36 @@ fn produce(
         });
         let now = sh_now(cfg);
         let mut waits = false;
+        // The earliest start the submit allows, as far as the producer can tell.
+        let mut not_before = None;
+        // A wall-clock time, and how far ahead of the wall clock it was set: its earliest
+        // start is bounded once the submit returned.
+        let mut system_at: Option<(SystemTime, Duration)> = None;
         match rng.below(100) {
             0..8 => {
-                task = task.delay(rng.duration_below(cfg.delay_max));
+                let delay = rng.duration_below(cfg.delay_max);
+                task = task.delay(delay);
+                not_before = Some(now + delay);
                 waits = true;
             }
             8..11 => {
-                task = task.run_at(now + rng.duration_below(cfg.delay_max));
+                let at = now + rng.duration_below(cfg.delay_max);
+                task = task.run_at(at);
+                not_before = Some(at);
                 waits = true;
             }
-            11 => task = task.run_at(now.checked_sub(Duration::from_millis(1)).unwrap_or(now)),
+            11..13 => {
+                // As far ahead of the pool's clock as of the wall clock (docs of
+                // `run_at_system_time`; on the manual clock too).
+                let ahead = rng.duration_below(cfg.delay_max);
+                let wall = SystemTime::now();
+                task = task.run_at_system_time(wall + ahead);
+                system_at = Some((wall, ahead));
+                waits = true;
+            }
+            13 => task = task.run_at(now.checked_sub(Duration::from_millis(1)).unwrap_or(now)),
+            // A wall-clock time in the past: now.
+            14 => task = task.run_at_system_time(SystemTime::UNIX_EPOCH),
             _ => {}
         }
         let mut deps = Vec::new();
@@ -1113,6 +1411,14 @@ fn produce(
             || format!("submit of {job:?} after {deps:?}"),
             || pool.submit(task),
         );
+        if let Some((wall, ahead)) = system_at {
+            // The pool's due time is its clock at the submit (not before `now`) plus `ahead`
+            // less the wall clock's advance from `wall` to the submit (at most to here).
+            let slack = SystemTime::now().duration_since(wall).ok();
+            not_before = slack
+                .filter(|&slack| slack < ahead)
+                .map(|slack| now + (ahead - slack));
+        }
         let Some(submitted) = submitted else { continue };
         match submitted {
             Ok(handle) => {
@@ -1159,6 +1465,9 @@ fn produce(
                     c.delayed += 1;
                     push_ring(&mut waiting, id, 16);
                 }
+                c.system_time += u64::from(system_at.is_some());
+                c.own_settings += u64::from(job.own != Own::default());
+                c.own_attempts += u64::from(job.own.attempts.is_some());
                 push_ring(&mut recent, id, 32);
                 if old.len() < 4096 {
                     old.push(id);
@@ -1177,11 +1486,16 @@ fn produce(
                     push_ring(&mut failing, id, 64);
                 }
                 if let Some(key) = &key {
-                    ids_with_key.entry(key.clone()).or_default().push(id);
+                    let holders = ids_with_key.entry(key.clone()).or_default();
+                    if holders.is_empty() {
+                        keys.push(key.clone());
+                    }
+                    holders.push(id);
                 }
                 let _ = msgs.send(Msg {
                     id,
-                    ty: job.ty,
+                    job,
+                    key: key.clone(),
                     handle: handle.clone(),
                     cancel_soon,
                 });
@@ -1193,6 +1507,7 @@ fn produce(
                         key,
                         resubmit_of: None,
                         handle,
+                        not_before,
                     },
                 );
             }
@@ -1275,6 +1590,60 @@ fn produce(
         extra_handles,
         dead,
         counters: c,
+        ids_with_key,
+    }
+}
+
+/// Looks up who holds `key` (`find_key`): a task that held it, and not one that had freed it
+/// (failed or cancelled) before the lookup. Every task that takes a key is the producer's, so
+/// `ids_with_key` knows them all.
+fn find_key_step(
+    sh: &Shared<'_>,
+    key: &str,
+    tasks: &IdMap<Accepted>,
+    ids_with_key: &HashMap<String, Vec<TaskId>>,
+    c: &mut Counters,
+) {
+    let holders = ids_with_key.get(key).map_or(&[][..], Vec::as_slice);
+    // Ended failed or cancelled before the lookup: their key was free by then.
+    let freed: Vec<TaskId> = holders
+        .iter()
+        .copied()
+        .filter(|id| {
+            tasks.get(id).is_some_and(|acc| {
+                acc.handle
+                    .try_wait()
+                    .is_some_and(|o| o.is_failed() || o.is_cancelled())
+            })
+        })
+        .collect();
+    let Some(found) = guarded(
+        sh.findings,
+        || format!("find_key({key:?})"),
+        || sh.pool.find_key(key),
+    ) else {
+        return;
+    };
+    let Some(id) = found else {
+        c.keys_not_found += 1;
+        return;
+    };
+    c.keys_found += 1;
+    if !holders.contains(&id) {
+        sh.findings
+            .add("find_key named a task that never held the key", || {
+                format!("{key:?}: {id}; holders {holders:?}")
+            });
+    } else if freed.contains(&id) {
+        sh.findings.add(
+            "find_key named a task that had freed the key (failed or cancelled)",
+            || {
+                format!(
+                    "{key:?}: {id}, {:?}",
+                    tasks.get(&id).and_then(|a| a.handle.try_wait())
+                )
+            },
+        );
     }
 }
 
@@ -1372,6 +1741,9 @@ fn dead_letter_step(
         }
         if letters.is_empty() {
             return;
+        }
+        if rng.chance(1, 2) {
+            copy_dead_letters(sh, rng, &letters, tasks, c);
         }
         letters[rng.below(letters.len() as u64) as usize].id
     } else if let Some(&id) = failing.get(rng.below(failing.len().max(1) as u64) as usize) {
@@ -1490,7 +1862,8 @@ fn dead_letter_step(
             }
             let _ = msgs.send(Msg {
                 id: new,
-                ty: job.ty,
+                job,
+                key: key.clone(),
                 handle: handle.clone(),
                 cancel_soon: false,
             });
@@ -1506,6 +1879,7 @@ fn dead_letter_step(
                     key,
                     resubmit_of: Some(target),
                     handle,
+                    not_before: None,
                 },
             );
             // The dependents brought back: new tasks, waiting for the new ones in place of
@@ -1535,6 +1909,7 @@ fn dead_letter_step(
                     // Already finished and forgotten by retention: nothing to check it by, but
                     // it counts in the totals.
                     c.brought_back_unseen += 1;
+                    dead.unseen.insert(brought);
                     continue;
                 };
                 let deps = old_deps
@@ -1548,7 +1923,8 @@ fn dead_letter_step(
                 }
                 let _ = msgs.send(Msg {
                     id: brought,
-                    ty: job.ty,
+                    job,
+                    key: key.clone(),
                     handle: handle.clone(),
                     cancel_soon: false,
                 });
@@ -1561,6 +1937,7 @@ fn dead_letter_step(
                         key,
                         resubmit_of: None,
                         handle,
+                        not_before: None,
                     },
                 );
             }
@@ -1663,10 +2040,106 @@ fn dead_letter_step(
     }
 }
 
-/// The dead letters the producer took or purged.
+/// The dead letters the producer took or purged; and the dependents brought back that the
+/// test never got a handle to (finished and forgotten at once).
 #[derive(Default)]
 struct DeadLetterLog {
     gone: IdSet,
+    unseen: IdSet,
+}
+
+/// Copies the payloads of a few listed dead letters (`dead_letter_payload`), now and then
+/// asking with the wrong type: each copy is the job submitted, and the letter stays listed.
+/// Only the producer (this thread) takes, purges or resubmits dead letters, so a letter that
+/// left the list meanwhile was pushed out by the dead-letter limit: the oldest (lowest id)
+/// first, so every letter listed then is newer, and the list is full.
+fn copy_dead_letters(
+    sh: &Shared<'_>,
+    rng: &mut Rng,
+    letters: &[tasq::DeadLetter],
+    tasks: &IdMap<Accepted>,
+    c: &mut Counters,
+) {
+    let (pool, findings) = (sh.pool, sh.findings);
+    let mut picked: Vec<TaskId> = (0..1 + rng.below(3))
+        .map(|_| letters[rng.below(letters.len() as u64) as usize].id)
+        .collect();
+    picked.sort_unstable();
+    picked.dedup();
+    // (id, whether a copy came back)
+    let mut copied: Vec<(TaskId, bool)> = Vec::new();
+    for id in picked {
+        // A handler's follow-up is in `follow_ups` until the end of the run.
+        let job = tasks.get(&id).map(|acc| acc.job).or_else(|| {
+            let follow_ups = sh.recorder.follow_ups.lock().unwrap();
+            follow_ups
+                .iter()
+                .find(|(_, handle)| handle.id() == id)
+                .map(|(job, _)| *job)
+        });
+        // Not a task of the run: already a finding.
+        let Some(job) = job else { continue };
+        let wrong_type = rng.chance(1, 8);
+        let ty = if wrong_type { job.ty.other() } else { job.ty };
+        let Some(copy) = guarded(
+            findings,
+            || format!("dead_letter_payload({ty:?}, {id})"),
+            || pool.dead_letter_payload(ty.task_type(), id),
+        ) else {
+            continue;
+        };
+        match copy {
+            Some(copy) if wrong_type => findings.add(
+                "dead_letter_payload copied a payload for the wrong type",
+                || format!("{id} ({job:?}) as {ty:?}: {copy:?}"),
+            ),
+            None if wrong_type => c.payloads_wrong_type += 1,
+            Some(copy) => {
+                c.payloads_copied += 1;
+                if copy != job {
+                    findings.add("dead_letter_payload copied another payload", || {
+                        format!("{id}: {copy:?}, submitted {job:?}")
+                    });
+                }
+                copied.push((id, true));
+            }
+            None => copied.push((id, false)),
+        }
+    }
+    if copied.is_empty() {
+        return;
+    }
+    let Some(now_listed) = guarded(
+        findings,
+        || "dead_letters() after copies".to_owned(),
+        || pool.dead_letters(),
+    ) else {
+        return;
+    };
+    for (id, got_copy) in copied {
+        let listed = now_listed.iter().any(|l| l.id == id);
+        if listed && !got_copy {
+            findings.add(
+                "dead_letter_payload gave no copy of a dead letter still listed",
+                || format!("{id}"),
+            );
+        }
+        let pushed_out =
+            now_listed.len() >= sh.dead_letter_limit && now_listed.iter().all(|l| l.id > id);
+        if !listed && !pushed_out {
+            findings.add(
+                "a dead letter left the list after a copy of its payload, and not by the limit",
+                || {
+                    format!(
+                        "{id} (copied: {got_copy}); listed now {} of limit {}: {:?}",
+                        now_listed.len(),
+                        sh.dead_letter_limit,
+                        now_listed.iter().map(|l| l.id).collect::<Vec<_>>()
+                    )
+                },
+            );
+        }
+    }
 }
 
 /// Cancels random recent tasks, and the ones the producer marked, at random moments; also
@@ -1678,9 +2151,12 @@ fn cancel_randomly(
 ) -> (Vec<CancelRecord>, Vec<(TaskId, TaskHandle<u64>)>) {
     let (pool, findings, recorder) = (sh.pool, sh.findings, sh.recorder);
     let mut rng = Rng(seed);
-    let mut recent: Vec<(TaskId, Ty, TaskHandle<u64>)> = Vec::with_capacity(256);
+    let mut recent: Vec<(TaskId, Job, TaskHandle<u64>)> = Vec::with_capacity(256);
     let mut marked: VecDeque<(u64, TaskId, TaskHandle<u64>)> = VecDeque::new();
+    // Recent keys, to cancel by.
+    let mut keys: Vec<String> = Vec::with_capacity(64);
     let mut records = Vec::new();
+    let mut key_records = Vec::new();
     let mut extra = Vec::new();
     let mut cancel = |rng: &mut Rng, id: TaskId, handle: &TaskHandle<u64>| {
         let before = recorder.tick();
@@ -1736,6 +2212,7 @@ fn cancel_randomly(
             after,
             seen,
             result,
+            by_key: None,
         });
     };
     let mut received: u64 = 0;
@@ -1744,7 +2221,20 @@ fn cancel_randomly(
         if msg.cancel_soon {
             marked.push_back((received + rng.below(64), msg.id, msg.handle.clone()));
         }
-        let entry = (msg.id, msg.ty, msg.handle);
+        if let Some(key) = msg.key {
+            if keys.len() < 64 {
+                keys.push(key);
+            } else {
+                keys[rng.below(64) as usize] = key;
+            }
+        }
+        if !keys.is_empty() && rng.chance(1, 48) {
+            let key = &keys[rng.below(keys.len() as u64) as usize];
+            if let Some(record) = cancel_key(sh, key) {
+                key_records.push(record);
+            }
+        }
+        let entry = (msg.id, msg.job, msg.handle);
         if recent.len() < 256 {
             recent.push(entry);
         } else {
@@ -1759,22 +2249,32 @@ fn cancel_randomly(
             cancel(&mut rng, *id, handle);
         }
         if rng.chance(1, 64) {
-            let (id, ty, handle) = &recent[rng.below(recent.len() as u64) as usize];
+            let (id, job, handle) = &recent[rng.below(recent.len() as u64) as usize];
             let info = guarded(findings, || format!("info({id})"), || pool.info(*id)).flatten();
             match info {
-                Some(info) if info.attempts > ty.limit() => findings
-                    .add("more attempts than the limit (info)", || {
-                        format!("{id} ({ty:?}): {info:?}")
-                    }),
+                Some(info) => {
+                    if info.attempts > job.limit() {
+                        findings.add("more attempts than the limit (info)", || {
+                            format!("{id} ({job:?}): {info:?}")
+                        });
+                    }
+                    // The task's own settings, else its type's.
+                    if !info_fits(&info, job) {
+                        findings.add("info() shows other settings than the task's", || {
+                            format!("{id} ({job:?}): {info:?}")
+                        });
+                    }
+                }
                 None if handle.try_wait().is_none() => findings
                     .add("the pool forgot an unfinished task", || {
                         format!("info({id}) is None, handle says {}", handle.status())
                     }),
-                _ => {}
+                None => {}
             }
         }
         if rng.chance(1, 256) {
-            let (id, ty, _) = &recent[rng.below(recent.len() as u64) as usize];
+            let (id, job, _) = &recent[rng.below(recent.len() as u64) as usize];
+            let ty = job.ty;
             if let Some(Some(handle)) = guarded(
                 findings,
                 || format!("handle({id})"),
@@ -1796,14 +2296,185 @@ fn cancel_randomly(
         let (id, _, handle) = &recent[rng.below(recent.len() as u64) as usize];
         cancel(&mut rng, *id, handle);
     }
+    records.extend(key_records);
     (records, extra)
 }
 
-/// Samples `stats()` until shutdown begins: the worker count must never drop.
-fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64) {
+/// Whether `info` shows the type and the settings of `job`'s task: its own, else its type's.
+fn info_fits(info: &tasq::TaskInfo, job: &Job) -> bool {
+    (
+        info.task_type,
+        info.max_attempts,
+        info.retry_policy,
+        info.timeout,
+    ) == (
+        job.ty.task_type().name(),
+        job.limit(),
+        job.retry(),
+        job.timeout(),
+    )
+}
+
+/// Cancels the task holding `key` (`cancel_key`), recorded as a cancel of the id it returns
+/// (the end of the run checks that id held the key). A holder is live or succeeded: a cancel
+/// that finds it finished finds it succeeded.
+fn cancel_key(sh: &Shared<'_>, key: &str) -> Option<CancelRecord> {
+    let (pool, findings, recorder) = (sh.pool, sh.findings, sh.recorder);
+    let before = recorder.tick();
+    let result = guarded(
+        findings,
+        || format!("cancel_key({key:?})"),
+        || pool.cancel_key(key),
+    )?;
+    let after = recorder.tick();
+    match result {
+        Ok((id, outcome)) => {
+            if matches!(outcome, CancelOutcome::AlreadyFinished(state) if state != TaskState::Succeeded)
+            {
+                findings.add(
+                    "cancel_key found a holder that had freed its key (failed or cancelled)",
+                    || format!("{key:?}: {id}, {outcome:?}"),
+                );
+            }
+            Some(CancelRecord {
+                id,
+                before,
+                after,
+                seen: None,
+                result: CancelResult::Done(outcome),
+                by_key: Some(key.to_owned()),
+            })
+        }
+        Err(CancelError::UnknownKey(unknown)) => {
+            if unknown != key {
+                findings.add("cancel_key refused another key", || {
+                    format!("{key:?}: UnknownKey({unknown:?})")
+                });
+            }
+            None
+        }
+        Err(other) => {
+            findings.add("an unexpected cancel_key error", || {
+                format!("{key:?}: {other:?}")
+            });
+            None
+        }
+    }
+}
+
+/// A task a page of `Pool::tasks` listed, as it listed it.
+#[derive(Debug)]
+struct Listed {
+    id: TaskId,
+    task_type: &'static str,
+    state: TaskState,
+    attempts: u32,
+    max_attempts: u32,
+    retry_policy: RetryPolicy,
+    timeout: Option<Duration>,
+}
+
+/// What the sampler's walks through `Pool::tasks` listed, checked against the run at its end
+/// (a page may list a task whose submit the producer has not recorded yet).
+#[derive(Default)]
+struct Listing {
+    listed: Vec<Listed>,
+    walks: u64,
+    pages: u64,
+}
+
+/// At most this many pages a walk, and this many tasks kept for the end of the run.
+const WALK_PAGES: usize = 16;
+const LISTED_KEPT: usize = 200_000;
+
+/// Pages through the tasks of one state, one type, both or neither (`Pool::tasks`), a few
+/// pages: every page within its limit and its filter, its ids of this pool, increasing across
+/// the pages.
+fn walk_tasks(sh: &Shared<'_>, rng: &mut Rng, listing: &mut Listing) {
+    const STATES: [TaskState; 7] = [
+        TaskState::Blocked,
+        TaskState::Scheduled,
+        TaskState::Ready,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Cancelled,
+    ];
+    let (pool, findings) = (sh.pool, sh.findings);
+    let state = rng
+        .chance(3, 4)
+        .then(|| STATES[rng.below(STATES.len() as u64) as usize]);
+    let ty = rng
+        .chance(1, 2)
+        .then(|| Ty::ALL[rng.below(Ty::ALL.len() as u64) as usize]);
+    let mut filter = TaskFilter::new();
+    if let Some(state) = state {
+        filter = filter.state(state);
+    }
+    if let Some(ty) = ty {
+        filter = filter.task_type(ty.task_type().name());
+    }
+    let limit = 1 + rng.below(64) as usize;
+    listing.walks += 1;
+    let mut after: Option<TaskId> = None;
+    for _ in 0..WALK_PAGES {
+        let Some(page) = guarded(
+            findings,
+            || format!("tasks({filter:?}, {after:?}, {limit})"),
+            || pool.tasks(&filter, after, limit),
+        ) else {
+            return;
+        };
+        listing.pages += 1;
+        if page.len() > limit {
+            findings.add("a page of tasks longer than its limit", || {
+                format!("{filter:?}, limit {limit}: {} tasks", page.len())
+            });
+        }
+        let mut last = after;
+        for info in &page {
+            if last.is_some_and(|last| info.id <= last) {
+                findings.add(
+                    "a page of tasks out of order, or not after the last",
+                    || format!("{filter:?}, after {after:?}: {} after {last:?}", info.id),
+                );
+            }
+            last = Some(info.id);
+            let fits = info.id.pool() == pool.id()
+                && state.is_none_or(|s| info.state == s)
+                && ty.is_none_or(|t| info.task_type == t.task_type().name());
+            if !fits {
+                findings.add("a page of tasks lists one its filter does not keep", || {
+                    format!("{filter:?}: {info:?}")
+                });
+            }
+            if listing.listed.len() < LISTED_KEPT {
+                listing.listed.push(Listed {
+                    id: info.id,
+                    task_type: info.task_type,
+                    state: info.state,
+                    attempts: info.attempts,
+                    max_attempts: info.max_attempts,
+                    retry_policy: info.retry_policy,
+                    timeout: info.timeout,
+                });
+            }
+        }
+        if page.len() < limit {
+            return;
+        }
+        after = last;
+    }
+}
+
+/// Samples `stats()` until shutdown begins: the worker count must never drop. Now and then
+/// walks through the tasks (`walk_tasks`).
+fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64, Listing) {
     let mut min_workers = usize::MAX;
     let mut worker_panics = 0;
     let mut samples = 0;
+    let mut rng = Rng(mix(cfg.seed ^ 0x7A5C));
+    let mut listing = Listing::default();
     let started = Instant::now();
     while !sh.stop.load(Ordering::SeqCst) {
         let stats = guarded(sh.findings, || "stats()".to_owned(), || sh.pool.stats());
@@ -1868,9 +2539,12 @@ fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64) {
             });
         }
         *sh.last_stats.lock().unwrap() = format!("{stats:?}");
+        if samples % 8 == 0 {
+            walk_tasks(sh, &mut rng, &mut listing);
+        }
         thread::sleep(Duration::from_millis(1));
     }
-    (min_workers, samples)
+    (min_workers, samples, listing)
 }
 
 /// Keeps a manual clock moving: small steps, a jump past the age limit now and then, and big
@@ -1930,16 +2604,14 @@ fn run(cfg: Config) {
     let findings = Findings::default();
     let recorder = Arc::new(Recorder::new(cfg.tasks, cfg.clock.clone()));
     let events = Arc::new(EventLog::default());
+    let worker_log = Arc::new(WorkerLog::default());
     let pool_slot: Arc<OnceLock<Weak<Pool>>> = Arc::new(OnceLock::new());
 
     let mut builder = Pool::builder()
         .workers(cfg.workers)
         .thread_name(cfg.thread_name)
         .seed(cfg.seed)
-        .retry_policy(RetryPolicy::exponential(
-            Duration::from_micros(20),
-            Duration::from_millis(1),
-        ))
+        .retry_policy(POOL_RETRY)
         .retention(cfg.retention_count, cfg.max_age)
         .dead_letter_limit(cfg.dead_letter_limit)
         // One run keeps its handlers' panics off the hook by itself.
@@ -1949,7 +2621,14 @@ fn run(cfg: Config) {
         .stuck_after(STUCK_AFTER)
         .monitor_interval(MONITOR_INTERVAL)
         .on_event(record_events(&events))
-        .on_event(call_back(&events, &pool_slot));
+        .on_event(call_back(&events, &pool_slot))
+        .on_worker_start(worker_start(
+            &worker_log,
+            &pool_slot,
+            cfg.thread_name,
+            cfg.workers,
+        ))
+        .on_worker_exit(worker_exit(&worker_log, &pool_slot, cfg.thread_name));
     for alert in ALERTS {
         builder = builder.alert(alert);
     }
@@ -1999,34 +2678,40 @@ fn run(cfg: Config) {
         stop: &stop,
         last_stats: &last_stats,
         workers_lost: &workers_lost,
+        dead_letter_limit: cfg.dead_letter_limit,
     };
     let started = Instant::now();
     let (msgs_tx, msgs_rx) = crossbeam_channel::unbounded();
-    let (produced, (cancels, canceller_handles), (min_workers, samples), report, shutdown_wait) =
-        thread::scope(|s| {
-            let canceller = s.spawn(|| cancel_randomly(&sh, msgs_rx, mix(cfg.seed ^ 0xCA)));
-            let sampler = s.spawn(|| sample(&sh, &cfg));
-            if let (TestClock::Manual(clock), Some(age)) = (&cfg.clock, cfg.max_age) {
-                let sh = &sh;
-                s.spawn(move || advance(sh, clock, age));
-            }
-            watchdog.phase("producing");
-            let produced = produce(&sh, &cfg, msgs_tx, &trigger_tx, &watchdog);
-            watchdog.phase("waiting for the canceller");
-            let cancels = canceller.join().expect("the canceller does not panic");
-            let sampled = sampler.join().expect("the sampler does not panic");
-            watchdog.phase(format!("waiting for shutdown({:?})", cfg.shutdown_timeout));
-            // On a manual clock the advancer moves 50 times faster than real time meanwhile.
-            let real_timeout = match cfg.clock {
-                TestClock::System => cfg.shutdown_timeout,
-                TestClock::Manual(_) => cfg.shutdown_timeout / 50,
-            };
-            let shutdown_started = Instant::now();
-            let report = report_rx.recv_timeout(real_timeout + Duration::from_secs(20));
-            let shutdown_wait = shutdown_started.elapsed();
-            stop.store(true, Ordering::SeqCst);
-            (produced, cancels, sampled, report, shutdown_wait)
-        });
+    let (
+        produced,
+        (cancels, canceller_handles),
+        (min_workers, samples, listing),
+        report,
+        shutdown_wait,
+    ) = thread::scope(|s| {
+        let canceller = s.spawn(|| cancel_randomly(&sh, msgs_rx, mix(cfg.seed ^ 0xCA)));
+        let sampler = s.spawn(|| sample(&sh, &cfg));
+        if let (TestClock::Manual(clock), Some(age)) = (&cfg.clock, cfg.max_age) {
+            let sh = &sh;
+            s.spawn(move || advance(sh, clock, age));
+        }
+        watchdog.phase("producing");
+        let produced = produce(&sh, &cfg, msgs_tx, &trigger_tx, &watchdog);
+        watchdog.phase("waiting for the canceller");
+        let cancels = canceller.join().expect("the canceller does not panic");
+        let sampled = sampler.join().expect("the sampler does not panic");
+        watchdog.phase(format!("waiting for shutdown({:?})", cfg.shutdown_timeout));
+        // On a manual clock the advancer moves 50 times faster than real time meanwhile.
+        let real_timeout = match cfg.clock {
+            TestClock::System => cfg.shutdown_timeout,
+            TestClock::Manual(_) => cfg.shutdown_timeout / 50,
+        };
+        let shutdown_started = Instant::now();
+        let report = report_rx.recv_timeout(real_timeout + Duration::from_secs(20));
+        let shutdown_wait = shutdown_started.elapsed();
+        stop.store(true, Ordering::SeqCst);
+        (produced, cancels, sampled, report, shutdown_wait)
+    });
     let run_time = started.elapsed();
     // The tasks handlers submitted are accepted tasks too.
     let mut produced = produced;
@@ -2040,6 +2725,7 @@ fn run(cfg: Config) {
                 key: None,
                 resubmit_of: None,
                 handle,
+                not_before: None,
             },
         );
     }
@@ -2080,7 +2766,9 @@ fn run(cfg: Config) {
         report.as_ref(),
         stats.as_ref(),
         &events,
+        &listing,
     );
+    let hooks = check_worker_hooks(&cfg, &findings, &worker_log, report.is_some());
     let check_time = checking.elapsed();
 
     if min_workers < cfg.workers {
@@ -2113,9 +2801,10 @@ fn run(cfg: Config) {
         if let CancelResult::Done(outcome @ (CancelOutcome::Cancelled | CancelOutcome::Signalled)) =
             record.result
         {
-            let seen = record
-                .seen
-                .map_or("forgotten".to_owned(), |s| s.to_string());
+            let seen = match (&record.by_key, record.seen) {
+                (Some(_), _) => "found by key".to_owned(),
+                (None, seen) => seen.map_or("forgotten".to_owned(), |s| s.to_string()),
+            };
             *effective
                 .entry(format!("{outcome:?} when {seen}"))
                 .or_default() += 1;
@@ -2123,7 +2812,7 @@ fn run(cfg: Config) {
     }
     println!(
         "soak {}: ran {run_time:?}, checked in {check_time:?} ({samples} stats samples; shutdown returned after {shutdown_wait:?}); {c:?}; \
-         outcomes {checked}; cancels: {} before start, {} signalled, {} too late, {} of forgotten tasks, {} panicked; \
+         outcomes {checked}; {hooks}; cancels: {} before start, {} signalled, {} too late, {} of forgotten tasks, {} panicked; \
          effective cancels by prior state {effective:?}; report {report:?}",
         cfg.name,
         by_cancel(|r| matches!(r, CancelResult::Done(CancelOutcome::Cancelled))),
@@ -2169,6 +2858,7 @@ fn check(
     report: Option<&ShutdownReport>,
     stats: Option<&tasq::Stats>,
     events: &EventLog,
+    listing: &Listing,
 ) -> String {
     // 1. Every handle returns a terminal outcome. One wait of HANDLE_WAIT at most: once one
     //    handle timed out, the others are only polled.
@@ -2327,8 +3017,9 @@ fn check(
     for (&id, outcome) in &outcomes {
         let acc = &produced.tasks[&id];
         let job = acc.job;
-        let limit = job.ty.limit();
-        let timed = job.ty == Ty::Timed;
+        // Its own limit and timeout where it has them.
+        let limit = job.limit();
+        let timed = job.timed();
         let runs = recorder.get(id);
         // Runs of this task the pool must have timed out: attempts beyond what its handlers
         // made necessary (timed type only).
@@ -2355,8 +3046,23 @@ fn check(
                 );
             }
         }
+        // A delayed task never started before its time.
+        if let (Some(not_before), Some(runs)) = (acc.not_before, runs) {
+            if runs.first_at < not_before {
+                findings.add("a delayed task started before its time", || {
+                    format!(
+                        "{}; started {:?} before it",
+                        context(),
+                        not_before - runs.first_at
+                    )
+                });
+            }
+        }
         if let Some(info) = pool.info(id) {
-            if info.attempts != runs.map_or(0, |r| r.max_attempt) || info.state != outcome.state() {
+            if info.attempts != runs.map_or(0, |r| r.max_attempt)
+                || info.state != outcome.state()
+                || !info_fits(&info, &job)
+            {
                 findings.add("info() disagrees with the handlers and the handle", || {
                     format!("{}; {info:?}", context())
                 });
@@ -2609,7 +3315,68 @@ fn check(
             }
         }
     }
-    // 6. The mitigations.
+    // 6. The handlers saw each task's own limit (`ctx.max_attempts()`).
+    let wrong_limits = recorder.wrong_limits.load(Ordering::Relaxed);
+    if wrong_limits > 0 {
+        let examples = recorder.wrong_limit_examples.lock().unwrap().clone();
+        findings.add(
+            "a handler's ctx.max_attempts() is not its task's limit",
+            || format!("{wrong_limits} runs, first {examples:?}"),
+        );
+    }
+
+    // 7. Each cancel by key returned a task that held the key.
+    let mut key_cancels = 0u64;
+    for record in cancels {
+        let Some(key) = &record.by_key else { continue };
+        key_cancels += 1;
+        let held = produced
+            .ids_with_key
+            .get(key)
+            .is_some_and(|ids| ids.contains(&record.id));
+        if !held || !produced.tasks.contains_key(&record.id) {
+            findings.add("cancel_key returned a task that never held the key", || {
+                format!(
+                    "{key:?}: {record:?}; holders {:?}",
+                    produced.ids_with_key.get(key)
+                )
+            });
+        }
+    }
+
+    // 8. Every task a page of `tasks()` listed is one of the run's, listed with its type and
+    //    settings, within its limit, and in a terminal state only if it ended so.
+    for listed in &listing.listed {
+        let Some(acc) = produced.tasks.get(&listed.id) else {
+            if !produced.dead.unseen.contains(&listed.id) {
+                findings.add(
+                    "a page of tasks lists a task the run never submitted",
+                    || format!("{listed:?}"),
+                );
+            }
+            continue;
+        };
+        let job = acc.job;
+        let fits = listed.task_type == job.ty.task_type().name()
+            && listed.max_attempts == job.limit()
+            && listed.retry_policy == job.retry()
+            && listed.timeout == job.timeout()
+            && listed.attempts <= job.limit()
+            && (!listed.state.is_terminal()
+                || outcomes
+                    .get(&listed.id)
+                    .is_none_or(|o| o.state() == listed.state));
+        if !fits {
+            findings.add("a page of tasks lists a task otherwise than it is", || {
+                format!(
+                    "{listed:?}: {job:?}, outcome {:?}",
+                    outcomes.get(&listed.id)
+                )
+            });
+        }
+    }
+
+    // 9. The mitigations.
     let mitigations = check_mitigations(
         cfg,
         pool,
@@ -2623,7 +3390,47 @@ fn check(
         (timeouts_needed, late_successes),
     );
     format!(
-        "{succeeded} succeeded, {failed} failed, {cancelled} cancelled, {unfinished} unfinished; {mitigations}"
+        "{succeeded} succeeded, {failed} failed, {cancelled} cancelled, {unfinished} unfinished; \
+         {key_cancels} cancels by key; tasks() {} walks, {} pages, {} tasks listed; {mitigations}",
+        listing.walks,
+        listing.pages,
+        listing.listed.len(),
+    )
+}
+
+/// The worker hooks: once shutdown returned, each worker started once and exited once, on its
+/// own thread (no worker is ever replaced: a panic is caught, and the worker carries on), and
+/// their calls back into the pool found nothing wrong. Returns a line of what they did.
+fn check_worker_hooks(
+    cfg: &Config,
+    findings: &Findings,
+    log: &WorkerLog,
+    shut_down: bool,
+) -> String {
+    let mut started = log.started.lock().unwrap().clone();
+    let mut exited = log.exited.lock().unwrap().clone();
+    started.sort_unstable();
+    exited.sort_unstable();
+    let every: Vec<usize> = (0..cfg.workers).collect();
+    if started != every {
+        findings.add("the start hook did not run once per worker", || {
+            format!("{} workers, started {started:?}", cfg.workers)
+        });
+    }
+    // Shutdown waits for the exit hooks.
+    if shut_down && exited != every {
+        findings.add("the exit hook did not run once per worker", || {
+            format!("{} workers, exited {exited:?}", cfg.workers)
+        });
+    }
+    for finding in log.findings.lock().unwrap().drain(..) {
+        findings.add("a worker hook saw something wrong", || finding);
+    }
+    format!(
+        "worker hooks: {} starts, {} exits, {} calls back",
+        started.len(),
+        exited.len(),
+        log.callbacks.load(Ordering::Relaxed)
     )
 }
 
@@ -2757,7 +3564,7 @@ fn check_mitigations(
             } => {
                 let runs = recorder.get(*id);
                 let fits = *task_type == TIMED.name()
-                    && produced.tasks.get(id).is_none_or(|a| a.job.ty == Ty::Timed)
+                    && produced.tasks.get(id).is_none_or(|a| a.job.timed())
                     && runs.is_some_and(|r| *attempt >= 1 && *attempt <= r.max_attempt)
                     && *running_for >= TIMEOUT + STUCK_AFTER;
                 if !fits {
@@ -2915,7 +3722,7 @@ fn check_mitigations(
 /// fails on its payload's first run ever: a first task's, or a resubmit's if outages failed
 /// every run of the first (the handler says which).
 fn expected_end(acc: &Accepted, runs: &Runs) -> Result<u32, (FailureReason, u32, String)> {
-    let (job, limit, outages) = (acc.job, acc.job.ty.limit(), runs.outages);
+    let (job, limit, outages) = (acc.job, acc.job.limit(), runs.outages);
     if runs.last_outage {
         return Err((FailureReason::Exhausted, limit, OUTAGE_ERROR.to_owned()));
     }
