@@ -1426,15 +1426,38 @@ const RUN_SLACK: Duration = Duration::from_millis(5);
 /// the token fired only after the handler returned (a timeout late by a hair, or the heartbeat's
 /// firing of a run whose ending it saw written), or the deadline may have fired it, or the run
 /// came within [`RUN_SLACK`] of the timeout.
+///
+/// A `[false]` rests on the worker's clock readings lying within [`RUN_SLACK`] of the
+/// handler's: on a machine loaded far past its cores, the worker's thread may be descheduled
+/// longer than the timeout between its reading and the handler's, and the pool then rightly
+/// times out a run the handler measured as quick. So a quick run is `[false]` here only as far
+/// as a run can tell: [`preempted`] names the quick runs the pool evidently timed out, and
+/// `check_mitigations` holds each of them to a timeout the pools counted.
 fn timed_out(run: &Run, deadline: bool) -> &'static [bool] {
     if run.took >= TIMEOUT {
         return &[true];
     }
     match (run.fired(), run.fired_while_running && !deadline) {
-        (false, _) if run.took + RUN_SLACK < TIMEOUT => &[false],
+        (false, _) if quick(run) => &[false, true],
         (true, true) => &[true],
         _ => &[true, false],
     }
+}
+
+/// A run of TIMED whose token never fired and whose handler took well under the timeout.
+fn quick(run: &Run) -> bool {
+    !run.fired() && run.took + RUN_SLACK < TIMEOUT
+}
+
+/// Whether the pool evidently timed out quick run `i` of `runs` (see [`timed_out`]): it did
+/// not end its task though it returned `Ok` or a permanent error (another run followed), or it
+/// was the last and its task ended a `TimedOut` dead letter.
+fn preempted(runs: &[Run], i: usize, outcome: Option<&Outcome<u64>>) -> bool {
+    let run = &runs[i];
+    let ending = matches!(run.returned, Returned::Ok | Returned::Permanent);
+    let timed_out_for_good = i + 1 == runs.len()
+        && matches!(outcome, Some(Outcome::Failed(f)) if f.reason == FailureReason::TimedOut);
+    quick(run) && ((ending && i + 1 < runs.len()) || timed_out_for_good)
 }
 
 /// Whether a task of a type with mitigations ended as its runs say: as the last one returned,
@@ -2121,9 +2144,33 @@ fn check_mitigations(
         .values()
         .filter(|o| matches!(o, Outcome::Failed(f) if f.reason == FailureReason::TimedOut))
         .count();
+    // The quick runs the pool evidently timed out (see `timed_out`): each is a timeout the
+    // pools counted.
+    let timed_ids: HashSet<TaskId> = timed.iter().map(|(id, _)| *id).collect();
+    let preempted_runs: usize = timed_ids
+        .iter()
+        .map(|id| {
+            let runs = runs_of(id);
+            (0..runs.len())
+                .filter(|&i| preempted(runs, i, outcomes.get(id)))
+                .count()
+        })
+        .sum();
+    let counted: u64 = [cx.a, cx.b]
+        .iter()
+        .flat_map(|pool| pool.metrics().types)
+        .filter(|t| t.backlog.task_type == Ty::Timed.task_type().name())
+        .map(|t| t.runs.timed_out)
+        .sum();
+    f.check(
+        preempted_runs as u64 <= counted,
+        "a quick run timed out that no pool counted as a timeout",
+        || format!("{preempted_runs} quick runs timed out, {counted} timeouts counted"),
+    );
     did.push(format!(
         "TIMED: {} runs, {fired} tokens fired ({early} while running, before the timeout), \
-         {timed_out} timed out for good, {} stuck reports; {dead_letters} dead letters reported",
+         {timed_out} timed out for good, {preempted_runs} quick runs timed out (their worker \
+         descheduled past the timeout), {} stuck reports; {dead_letters} dead letters reported",
         timed.len(),
         stuck.len()
     ));
