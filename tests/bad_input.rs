@@ -271,3 +271,28 @@ conformance! {
         assert!(pool.handle(DOUBLE, foreign).is_none());
     }
 }
+
+/// A pool has at most 32,767 workers (the intake word counts sleepers and searchers in 15-bit
+/// fields): 32,768 are refused before any thread is spawned. (Were they not, the pool would
+/// try to spawn them: the build fails, or the process runs out of memory mappings and aborts;
+/// either way the test fails. The small stacks keep that attempt cheap.)
+#[test]
+fn more_than_32767_workers_are_refused() {
+    let refused = tasq::Pool::builder()
+        .workers(32_768)
+        .stack_size(256 << 10)
+        .build()
+        .map(drop)
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            tasq::BuildError::InvalidSetting {
+                setting: "the number of workers",
+                of: "the pool",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+}

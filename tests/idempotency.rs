@@ -284,3 +284,42 @@ conformance! {
         pool.check_invariants().unwrap();
     }
 }
+
+/// A key held by a task of another type earlier in the same batch refuses the batch, naming
+/// the id that earlier task would have had: the id it gets when it is submitted next, after a
+/// plain submit took an id before the batch.
+#[test]
+fn a_key_conflict_within_a_batch_names_the_id_the_earlier_task_gets() {
+    const SQUARE: tasq::TaskType<u64, u64> = tasq::TaskType::new("square");
+    const OTHER: tasq::TaskType<u64, u64> = tasq::TaskType::new("other");
+    let pool = tasq::Pool::builder()
+        .workers(1)
+        .register(SQUARE, |_, n: &u64| Ok::<_, tasq::HandlerError>(n * n))
+        .register(OTHER, |_, n: &u64| Ok::<_, tasq::HandlerError>(*n))
+        .build()
+        .unwrap();
+    let before = pool.submit(SQUARE.task(1)).unwrap();
+    let refused = pool
+        .submit_batch(vec![SQUARE.task(2).key("j"), OTHER.task(3).key("j")])
+        .unwrap_err();
+    let tasq::SubmitErrorKind::KeyConflict {
+        existing,
+        existing_type,
+        ..
+    } = refused.kind().clone()
+    else {
+        panic!("a key conflict: {:?}", refused.kind());
+    };
+    assert_eq!(existing_type, "square");
+    assert_eq!(refused.into_task().0, 1);
+
+    let accepted = pool.submit_batch(vec![SQUARE.task(2).key("j")]).unwrap();
+    assert_eq!(
+        accepted[0].id(),
+        existing,
+        "the id named is the one it gets"
+    );
+    assert!(existing > before.id());
+    assert_eq!(accepted[0].wait(), tasq::Outcome::Succeeded(4));
+    assert_eq!(before.wait(), tasq::Outcome::Succeeded(1));
+}

@@ -392,3 +392,82 @@ fn an_idle_pool_lets_the_outputs_of_dropped_unread_handles_go() {
     drop(pool);
     assert_eq!(live(), 0);
 }
+
+/// On an idle pool (every task finished and forgotten, each output kept for its unread
+/// handle), the dropping thread takes the drops in itself exactly once per 256: the 255 drops
+/// before that take no lock and let no output go, the 256th lets all 256 go, and the count
+/// starts again from zero (the next drops wait for a take-in: here, the shutdown's).
+#[test]
+fn an_idle_pool_takes_drops_in_once_every_256_drops() {
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    const TASKS: usize = 300;
+    let drops = || DROPS.load(Ordering::SeqCst);
+    let pool = pool(0, None);
+    let handles: Vec<_> = (0..TASKS)
+        .map(|_| pool.submit(MAKE.task(&DROPS)).unwrap())
+        .collect();
+    // The worker takes drops in only after a task it finished: it has none left after this.
+    pool.wait_idle();
+    assert_eq!(pool.stats().totals.succeeded, TASKS as u64);
+    assert_eq!(drops(), 0, "kept for the unread handles");
+
+    // Oldest first: the worker may still hold a reference to the last task's outcome for a
+    // moment after `wait_idle` returns (it drops what it set aside once it left the lock).
+    let mut handles = handles.into_iter();
+    for n in 1..256 {
+        drop(handles.next());
+        assert_eq!(
+            drops(),
+            0,
+            "a drop below the threshold ({n}) takes nothing in"
+        );
+    }
+    drop(handles.next());
+    assert_eq!(drops(), 256, "the 256th drop takes all 256 in");
+
+    // The count started again: the next drops take nothing in themselves.
+    for (n, handle) in handles.enumerate() {
+        drop(handle);
+        assert_eq!(
+            drops(),
+            256,
+            "{} drops after a take-in take nothing in",
+            n + 1
+        );
+    }
+    pool.check_invariants().unwrap();
+    // The shutdown takes the rest in (and joins the worker).
+    pool.shutdown(Duration::from_secs(10));
+    assert_eq!(drops(), TASKS);
+}
+
+/// Unread handles outliving their pool: one dropped unread lets its output go at once (the
+/// hub hands back what the store kept for it), though another handle still keeps the hub
+/// alive; that other one still takes its own output.
+#[test]
+fn an_unread_handle_dropped_after_its_pool_lets_its_output_go_at_once() {
+    static DROPS: AtomicUsize = AtomicUsize::new(0);
+    let drops = || DROPS.load(Ordering::SeqCst);
+    let pool = pool(10, None);
+    let first = pool.submit(MAKE.task(&DROPS)).unwrap();
+    let second = pool.submit(MAKE.task(&DROPS)).unwrap();
+    pool.wait_idle();
+    let report = pool.shutdown(Duration::from_secs(10));
+    assert_eq!(report.succeeded, 2, "{report:?}");
+    // The store goes with the pool (its workers are joined): the hub is sealed.
+    drop(pool);
+    assert_eq!(drops(), 0, "both outputs kept for their unread handles");
+
+    drop(first);
+    assert_eq!(drops(), 1, "the dropped handle's output goes with it");
+    let Outcome::Succeeded(output) = second.join() else {
+        panic!("the task succeeded");
+    };
+    assert_eq!(
+        drops(),
+        1,
+        "the joined handle's output is handed out, not dropped"
+    );
+    drop(output);
+    assert_eq!(drops(), 2);
+}
