@@ -531,7 +531,7 @@ impl Builder<crate::postgres::Postgres> {
     /// and its siblings. [`TaskInfo`](crate::TaskInfo) shows the settings a task got. A pool
     /// built with other options for a type than the last pool built with it on the schema
     /// reports each difference when it is built
-    /// ([`Event::DeclarationMismatch`](crate::Event::DeclarationMismatch)).
+    /// ([`crate::Event::DeclarationMismatch`]).
     ///
     /// Declaring a name that is also registered makes [`build`](Builder::build) fail with
     /// [`BuildError::DuplicateType`].
