@@ -32,19 +32,6 @@ fn row_of(sql: &mut postgres::Client, n: u32) -> i64 {
     .get(0)
 }
 
-/// Whether a connection of this test's pools waits for a row lock.
-fn a_pool_waits_for_a_lock(db: &TestDb, watcher: &mut postgres::Client) -> bool {
-    watcher
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE application_name = $1 AND wait_event_type = 'Lock'",
-            &[&db.schema()],
-        )
-        .unwrap()
-        .get::<_, i64>(0)
-        > 0
-}
-
 /// A submit whose key's insert conflicts again and again while its lookup never finds the
 /// holder (as if each holder ended between the two) gives up after 100 rounds with a store
 /// error: it never loops for ever. A trigger made for the test rewrites the key `wanted` to
@@ -135,7 +122,7 @@ fn a_batch_locks_the_dependencies_of_its_tasks_in_id_order() {
             ])
         });
         eventually(2, "the batch waits for the lower row", || {
-            a_pool_waits_for_a_lock(&db, &mut watcher)
+            db.a_pool_waits_for_a_lock(&mut watcher)
         });
         let taken = session.query(lock, &[&high_row]).map(|_| ());
         let committed = session.commit();
@@ -506,30 +493,6 @@ fn empty_claims_count_the_claims_that_found_nothing() {
     pool.shutdown(Duration::from_secs(10));
 }
 
-/// CPU time (user + system) of this process's threads named as the durable store's fetcher
-/// (`tasq-pg-fetch`), as `tests/postgres_listener.rs` measures the maintenance thread.
-fn fetcher_cpu() -> Duration {
-    let ticks_per_second = 100.0; // USER_HZ on Linux
-    let mut ticks = 0_u64;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim() != "tasq-pg-fetch" {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // After the command's closing parenthesis: fields 3 onwards; utime and stime are 14, 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        for field in [11, 12] {
-            ticks += fields
-                .get(field)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
-}
-
 /// A fetcher whose workers are all busy waits, even once the time its gate named for a new
 /// token has passed: it claims again when a worker frees or at its poll, and does not spin. One
 /// worker runs a slow task claimed while a rate limit (one a second) held a task of higher
@@ -572,7 +535,7 @@ fn a_fetcher_with_busy_workers_waits_past_a_gate_s_wake_time() {
     let held = pool.submit(RATED.task(2).priority(9)).unwrap();
     let slow = pool.submit(SLOW.task(3)).unwrap();
     on_start.recv_timeout(Duration::from_secs(20)).unwrap();
-    let before = fetcher_cpu();
+    let before = support_pg::thread_cpu("tasq-pg-fetch");
     let mut sql = db.client();
     let seen: std::time::SystemTime = sql.query_one("SELECT now()", &[]).unwrap().get(0);
     eventually(20, "the slow task ran 2.5 s", || {
@@ -583,7 +546,7 @@ fn a_fetcher_with_busy_workers_waits_past_a_gate_s_wake_time() {
         .unwrap()
         .get(0)
     });
-    let spent = fetcher_cpu() - before;
+    let spent = support_pg::thread_cpu("tasq-pg-fetch") - before;
     release.send(()).unwrap();
     assert!(
         spent < Duration::from_millis(300),

@@ -49,15 +49,7 @@ fn a_key_holder_that_vanishes_never_fails_a_submit() {
             let waiting = scope.spawn(|| producer.submit(JOB.task(round).key(key.clone())));
             // The submit's insert waits for the holder's transaction.
             eventually(2, "the submit waits for the uncommitted key", || {
-                watcher
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                         WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                        &[&db.schema()],
-                    )
-                    .unwrap()
-                    .get::<_, i64>(0)
-                    > 0
+                db.a_pool_waits_for_a_lock(&mut watcher)
             });
             tx.commit().unwrap();
             let vanish = if round % 2 == 0 { &cancel } else { &delete };

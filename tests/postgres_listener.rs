@@ -24,32 +24,6 @@ fn listener_backend(db: &TestDb) -> Option<i32> {
         .map(|row| row.get(0))
 }
 
-/// CPU time (user + system) of this process's threads named as the durable store's
-/// maintenance thread (`tasq-pg-maintain`, cut to 15 bytes by the kernel).
-fn maintenance_cpu() -> Duration {
-    let ticks_per_second = 100.0; // USER_HZ on Linux
-    let mut ticks = 0_u64;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim() != "tasq-pg-maintai" {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // After the command's closing parenthesis: fields 3 onwards; utime and stime are 14, 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        ticks += fields
-            .get(11)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0);
-        ticks += fields
-            .get(12)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
-}
-
 /// A listener whose server process is terminated every 100 ms for 3 s reconnects with backoff:
 /// its thread stays nearly idle (before: it spun, 2.5 CPU-seconds in 3 s), and once the
 /// killing stops a new listener serves notifications again.
@@ -70,7 +44,7 @@ fn a_listener_killed_again_and_again_backs_off_without_spinning() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut admin = db.client();
-    let cpu_before = maintenance_cpu();
+    let cpu_before = support_pg::thread_cpu("tasq-pg-maintai");
     let until = Instant::now() + Duration::from_secs(3);
     let mut kills = 0;
     while Instant::now() < until {
@@ -82,7 +56,7 @@ fn a_listener_killed_again_and_again_backs_off_without_spinning() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let cpu = maintenance_cpu().saturating_sub(cpu_before);
+    let cpu = support_pg::thread_cpu("tasq-pg-maintai").saturating_sub(cpu_before);
     println!("{kills} listeners killed; the maintenance thread used {cpu:?} of CPU in 3 s");
     assert!(
         kills >= 3,

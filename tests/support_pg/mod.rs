@@ -72,6 +72,30 @@ pub fn eventually(poll_ms: u64, what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// CPU time (user + system) of this process's threads named `name` (as the kernel keeps it:
+/// cut to 15 bytes), from `/proc/self/task`.
+pub fn thread_cpu(name: &str) -> std::time::Duration {
+    let ticks_per_second = 100.0; // USER_HZ on Linux
+    let mut ticks = 0_u64;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the command's closing parenthesis: fields 3 onwards; utime and stime are 14, 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        for field in [11, 12] {
+            ticks += fields
+                .get(field)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    std::time::Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+}
+
 /// A schema of its own for one test, migrated; dropped with its tables when this is dropped.
 pub struct TestDb {
     pub url: String,
@@ -200,6 +224,20 @@ impl TestDb {
     /// server's default).
     pub fn base_url(&self) -> &'static str {
         self.base
+    }
+
+    /// Whether a connection of this test's pools waits for a lock now, as `watcher` (a
+    /// connection of the test's own) sees it.
+    pub fn a_pool_waits_for_a_lock(&self, watcher: &mut Client) -> bool {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&self.schema],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            > 0
     }
 
     /// A client on this test's schema, to look at the rows.
