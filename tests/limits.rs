@@ -151,10 +151,10 @@ conformance! {
                 TypeOptions::new().concurrency_limit(LIMIT as u32).max_attempts(3),
                 move |ctx, n: &u64| {
                     top.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
-                    // Long enough for the other workers to pile in, if the limit let them.
-                    for _ in 0..200 {
-                        std::thread::yield_now();
-                    }
+                    // Long enough for the other workers to pile in, if the limit let them: a
+                    // short sleep, not a spin of yields (beside CPU-bound jobs each yield can
+                    // cost a whole time slice, and 300 tasks three at a time outran the guard).
+                    std::thread::sleep(Duration::from_micros(300));
                     now.fetch_sub(1, Ordering::SeqCst);
                     // Some fail once: a retry holds its place under the limit too.
                     if n % 7 == 0 && ctx.attempt() == 1 {

@@ -73,6 +73,21 @@ pub(crate) struct Entry {
     pub(crate) priority: u8,
 }
 
+#[cfg(test)]
+impl Entry {
+    /// A due task of type 0 with an empty payload, for the unit tests.
+    pub(crate) fn due_now(seq: Seq) -> Entry {
+        Entry {
+            seq,
+            run_at: 0,
+            due: true,
+            payload: Box::new(()),
+            type_index: 0,
+            priority: 0,
+        }
+    }
+}
+
 // The intake word's fields, from the lowest bit.
 const SLEEPER: u64 = 1;
 const SEARCHER: u64 = 1 << 16;
@@ -218,5 +233,98 @@ impl Intake {
     pub(crate) fn counts(&self) -> (i32, u64, u64) {
         let word = self.word.load(Ordering::Acquire);
         (pending(word), sleepers(word), searchers(word))
+    }
+}
+
+/// The intake word's rules, one read-modify-write at a time (the loom models check them raced).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intake() -> Intake {
+        Intake::new(Arc::new(AtomicU64::new(1)))
+    }
+
+    fn entry(seq: Seq) -> Entry {
+        Entry::due_now(seq)
+    }
+
+    #[test]
+    fn a_submit_wakes_only_a_sleeper_nobody_else_is_looking_for() {
+        let intake = intake();
+        // Nobody sleeps: the workers awake will see the entry.
+        assert_eq!(intake.push(entry(1)), Announced::Seen);
+        assert_eq!(intake.drain(|_| ()), 1);
+        // A sleeper, and nobody searching: wake one.
+        assert!(intake.try_sleep());
+        assert_eq!(intake.push(entry(2)), Announced::Wake);
+        // Once it is notified it is a searcher: later submits leave the entry to it.
+        intake.notified();
+        assert_eq!(intake.counts(), (1, 0, 1));
+        assert_eq!(intake.push(entry(3)), Announced::Seen);
+        // It wakes, moves both entries in, and goes back to sleep.
+        intake.woke(true);
+        assert_eq!(intake.drain(|_| ()), 2);
+        assert!(intake.try_sleep());
+        assert_eq!(intake.counts(), (0, 1, 0));
+        // A spinner is a searcher too.
+        intake.start_spinning();
+        assert_eq!(intake.push(entry(4)), Announced::Seen);
+        intake.stop_spinning();
+        assert_eq!(intake.push(entry(5)), Announced::Wake);
+    }
+
+    #[test]
+    fn the_word_counts_each_field_apart() {
+        let intake = intake();
+        assert_eq!(intake.counts(), (0, 0, 0));
+        assert!(intake.try_sleep());
+        assert!(intake.try_sleep());
+        assert_eq!(intake.counts(), (0, 2, 0));
+        intake.notified();
+        assert_eq!(intake.counts(), (0, 1, 1));
+        intake.start_spinning();
+        assert_eq!(intake.counts(), (0, 1, 2));
+        intake.woke(true);
+        intake.woke(false);
+        intake.stop_spinning();
+        assert_eq!(intake.counts(), (0, 0, 0));
+        // Two announced, three popped (one pushed, not yet announced): below zero until the
+        // third producer announces.
+        intake.push(entry(1));
+        intake.push(entry(2));
+        assert_eq!(intake.pending(), 2);
+        intake.queue.push(entry(3));
+        assert_eq!(intake.drain(|_| ()), 3);
+        assert_eq!(intake.counts(), (-1, 0, 0));
+        intake.word.fetch_add(PENDING, Ordering::AcqRel);
+        assert_eq!(intake.pending(), 0);
+    }
+
+    #[test]
+    fn a_worker_with_an_entry_pending_moves_the_intake_instead_of_sleeping() {
+        let intake = intake();
+        intake.push(entry(1));
+        assert!(!intake.try_sleep());
+        assert_eq!(intake.counts(), (1, 0, 0));
+        let mut moved = Vec::new();
+        assert_eq!(intake.drain(|e| moved.push(e.seq)), 1);
+        assert_eq!(moved, [1]);
+        assert!(intake.try_sleep());
+        assert_eq!(intake.counts(), (0, 1, 0));
+    }
+
+    #[test]
+    fn closing_refuses_every_later_id_and_counts_the_ones_before() {
+        let intake = intake();
+        assert_eq!(intake.next_seq(), Some(1));
+        assert_eq!(intake.next_seq(), Some(2));
+        assert!(!intake.is_closed());
+        assert_eq!(intake.close(), 2);
+        assert!(intake.is_closed());
+        assert_eq!(intake.next_seq(), None);
+        assert_eq!(intake.peek_seq(), 4);
+        // A second close answers from the counter refused submits moved on.
+        assert_eq!(intake.close(), 3);
     }
 }

@@ -2203,14 +2203,7 @@ mod tests {
         let now = Instant::now();
         let mut effects = Effects::default();
         let mut state = store.lock();
-        let entry = |seq| super::super::intake::Entry {
-            seq,
-            run_at: 0,
-            due: true,
-            payload: Box::new(()),
-            type_index: 0,
-            priority: 0,
-        };
+        let entry = super::super::intake::Entry::due_now;
         state.handle_dropped(1, &mut effects);
         assert!(
             state.early_drops.contains_key(&1),
