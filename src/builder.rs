@@ -9,10 +9,12 @@ use crate::breaker::Breaker;
 use crate::clock::{Clock, ManualClock};
 use crate::context::Context;
 use crate::error::BuildError;
-use crate::event::{Event, Hook};
+use crate::event::Event;
+use crate::events::Hook;
 use crate::limit::RateLimit;
 use crate::monitor::{Monitor, Watch};
 use crate::pool::Pool;
+use crate::handlers::{self, ErasedHandler, Handlers};
 use crate::registry::{Entry, Registry};
 use crate::retry::{HandlerError, RetryPolicy};
 use crate::store::Store;
@@ -217,6 +219,8 @@ impl fmt::Debug for Oversight {
 /// A handler waiting for the pool's defaults to be known.
 struct Pending {
     entry: Entry,
+    /// `None` for a type declared without one.
+    handler: Option<ErasedHandler>,
     options: TypeOptions,
 }
 
@@ -278,6 +282,22 @@ pub struct Builder<S = Embedded> {
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Embedded;
+
+// The pool's way in to its builder lives here, beside the builder: the pool itself never
+// names it.
+impl Pool {
+    /// A [`Builder`] with the default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = tasq::Pool::builder().workers(2).build()?;
+    /// # Ok::<(), tasq::BuildError>(())
+    /// ```
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+}
 
 impl Builder<Embedded> {
     /// A builder with the defaults below.
@@ -375,7 +395,7 @@ impl Builder<Embedded> {
         O: Send + Sync + 'static,
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
-        self.push(Entry::new(ty, handler), options);
+        self.push(Entry::new(ty, true), Some(handlers::erase(handler)), options);
         self
     }
 
@@ -450,7 +470,7 @@ impl Builder<Embedded> {
     /// pool.submit(EMAIL.task("ann@example.com".into()))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn postgres(self, url: impl Into<String>) -> Builder<crate::postgres::Postgres> {
+    pub fn postgres(self, url: impl Into<String>) -> Builder<crate::store::postgres::Postgres> {
         Builder {
             workers: self.workers,
             max_attempts: self.max_attempts,
@@ -467,13 +487,13 @@ impl Builder<Embedded> {
             worker_start: self.worker_start,
             worker_exit: self.worker_exit,
             oversight: self.oversight,
-            store: crate::postgres::Postgres::new(url.into()),
+            store: crate::store::postgres::Postgres::new(url.into()),
         }
     }
 }
 
 #[cfg(feature = "postgres")]
-impl Builder<crate::postgres::Postgres> {
+impl Builder<crate::store::postgres::Postgres> {
     /// Registers the handler of durable task type `ty`, with the pool's default options. As
     /// [`Builder::register`], with serde payloads and outputs.
     ///
@@ -516,9 +536,9 @@ impl Builder<crate::postgres::Postgres> {
         O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
-        let mut entry = Entry::new(ty, handler);
+        let mut entry = Entry::new(ty, true);
         entry.codec = Some(crate::codec::Codec::of::<P, O>());
-        self.push(entry, options);
+        self.push(entry, Some(handlers::erase(handler)), options);
         self
     }
 
@@ -558,9 +578,9 @@ impl Builder<crate::postgres::Postgres> {
         P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
         O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
     {
-        let mut entry = Entry::declared(ty);
+        let mut entry = Entry::new(ty, false);
         entry.codec = Some(crate::codec::Codec::of::<P, O>());
-        self.push(entry, options);
+        self.push(entry, None, options);
         self
     }
 
@@ -718,11 +738,15 @@ pub(crate) struct Checked<S> {
 
 impl<S> Builder<S> {
     /// Adds a registration; a name registered twice fails the build.
-    fn push(&mut self, entry: Entry, options: TypeOptions) {
+    fn push(&mut self, entry: Entry, handler: Option<ErasedHandler>, options: TypeOptions) {
         if self.duplicate.is_none() && self.pending.iter().any(|p| p.entry.name == entry.name) {
             self.duplicate = Some(entry.name);
         }
-        self.pending.push(Pending { entry, options });
+        self.pending.push(Pending {
+            entry,
+            handler,
+            options,
+        });
     }
 
     /// Checks the settings shared by every store: the registry, the worker threads, and the
@@ -780,7 +804,13 @@ impl<S> Builder<S> {
             return Err(invalid("the monitor interval", "the pool", "is zero"));
         }
         check_duration(oversight.monitor_interval, "the monitor interval")?;
-        for Pending { mut entry, options } in self.pending {
+        let mut handlers = Vec::with_capacity(self.pending.len());
+        for Pending {
+            mut entry,
+            handler,
+            options,
+        } in self.pending
+        {
             entry.max_attempts = options.max_attempts.unwrap_or(self.max_attempts);
             if entry.max_attempts == 0 {
                 return Err(BuildError::ZeroMaxAttempts(Some(entry.name)));
@@ -821,6 +851,7 @@ impl<S> Builder<S> {
             registry
                 .insert(entry)
                 .expect("duplicates were refused above");
+            handlers.push(handler);
         }
         for alert in &oversight.alerts {
             if let AlertScope::TaskType(name) = alert.scope() {
@@ -834,6 +865,9 @@ impl<S> Builder<S> {
             }
         }
 
+        // A std `Arc` even under loom: immutable, nothing to model.
+        let handlers = std::sync::Arc::new(Handlers::new(handlers));
+        registry.keep_alive = Some(std::sync::Arc::clone(&handlers) as _);
         let threads = worker::Threads {
             count: workers,
             name: self.thread_name,
@@ -842,6 +876,7 @@ impl<S> Builder<S> {
             seed: self.seed,
             start_hook: self.worker_start,
             exit_hook: self.worker_exit,
+            handlers: std::sync::Arc::clone(&handlers),
         };
         let rest = Checked {
             clock: self.clock,

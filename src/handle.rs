@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use crate::completion::{Completion, Finished};
 use crate::error::{CancelError, TaskError};
-use crate::hub::Hub;
-use crate::store::Store;
+use crate::store::{Store, StoreHub};
 use crate::sync::{Arc, Mutex};
 use crate::task::{CancelOutcome, CancelReason, Dependency, Failure, TaskId, TaskState};
-use crate::worker;
+use crate::current;
 
 /// How a task ended.
 ///
@@ -172,7 +171,7 @@ pub struct TaskHandle<O> {
     /// plain submit on the embedded store (see `hub.rs`); a handle holding one is never the
     /// store's concern again.
     completion: Mutex<Option<Arc<Completion>>>,
-    hub: Arc<Hub>,
+    hub: Arc<StoreHub>,
     duplicate: bool,
     _output: PhantomData<fn() -> O>,
 }
@@ -181,7 +180,7 @@ impl<O> TaskHandle<O> {
     pub(crate) fn new(
         id: TaskId,
         completion: Option<Arc<Completion>>,
-        hub: Arc<Hub>,
+        hub: Arc<StoreHub>,
         duplicate: bool,
     ) -> Self {
         TaskHandle {
@@ -227,7 +226,7 @@ impl<O> TaskHandle<O> {
 
     /// Panics if the calling thread is running this task's handler: it would wait for itself.
     fn refuse_self_wait(&self, what: &str) {
-        if worker::current_task() == Some(self.id) {
+        if current::current_task() == Some(self.id) {
             panic!(
                 "TaskHandle::{what} called from the handler of {} on its own task: it would never \
                  return",
@@ -597,7 +596,7 @@ impl<O> Drop for TaskHandle<O> {
     fn drop(&mut self) {
         match self.completion.get_mut().take() {
             Some(completion) => crate::unwind::drop_quietly(completion),
-            None => crate::unwind::drop_quietly(self.hub.handle_dropped(self.id.seq())),
+            None => crate::unwind::drop_quietly(self.hub.handle_dropped(self.id.seq(), |store| store.take_in_dropped())),
         }
     }
 }

@@ -13,8 +13,8 @@
 //!   after each task they finish, and `wait_idle`/`wait_empty` and every transition of the
 //!   store take it in too. An idle pool has no worker finishing tasks: so the drops queued and
 //!   not taken in are counted ([`queued`](Hub::queued)), and the drop that brings them to
-//!   [`TAKE_IN_AT`] takes them in itself ([`Store::take_in_dropped`], which takes the store's
-//!   lock, and drops the outcomes after releasing it). On a pool nobody touches, fewer than
+//!   [`TAKE_IN_AT`] takes them in itself (the store's `take_in_dropped`, which takes the
+//!   store's lock, and drops the outcomes after releasing it). On a pool nobody touches, fewer than
 //!   that many outcomes outlive their handles; a busy pool's workers take the drops in long
 //!   before, and the dropping thread never takes the lock.
 //! - When the store is dropped, it hands every outcome still kept for a live handle to
@@ -34,7 +34,6 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use crate::completion::Completion;
-use crate::store::Store;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, Queue, Weak};
 use crate::unwind;
 
@@ -43,9 +42,10 @@ use crate::unwind;
 /// pool keeps for handles already gone.
 const TAKE_IN_AT: usize = 256;
 
-/// What a pool's handles share (one per pool).
-pub(crate) struct Hub {
-    store: OnceLock<Weak<dyn Store>>,
+/// What a pool's handles share (one per pool). `S` is the store (`dyn Store`): the hub only
+/// hands it out, so it need not know what a store is.
+pub(crate) struct Hub<S: ?Sized> {
+    store: OnceLock<Weak<S>>,
     /// Sequence numbers of tasks whose unread handle was dropped, for the store to take in.
     dropped: Queue<u64>,
     /// Drops pushed onto `dropped` minus drops taken in: a wrapping count, read as signed (a
@@ -59,8 +59,8 @@ pub(crate) struct Hub {
     sealed_cv: Condvar,
 }
 
-impl Hub {
-    pub(crate) fn new() -> Arc<Hub> {
+impl<S: ?Sized> Hub<S> {
+    pub(crate) fn new() -> Arc<Hub<S>> {
         Arc::new(Hub {
             store: OnceLock::new(),
             dropped: Queue::new(),
@@ -72,22 +72,21 @@ impl Hub {
     }
 
     /// Ties the hub to its store, once, as the store is made.
-    pub(crate) fn attach<S: Store + 'static>(&self, store: &Arc<S>) {
-        let store: Weak<dyn Store> = Arc::downgrade(store) as Weak<S>;
+    pub(crate) fn attach(&self, store: Weak<S>) {
         let attached = self.store.set(store).is_ok();
         debug_assert!(attached, "a hub serves one store");
     }
 
     /// The store, while it lives.
-    pub(crate) fn store(&self) -> Option<Arc<dyn Store>> {
+    pub(crate) fn store(&self) -> Option<Arc<S>> {
         self.store.get().and_then(Weak::upgrade)
     }
 
     /// A handle to task `seq` was dropped without its completion (no lock while the store
     /// lives, except once per [`TAKE_IN_AT`] drops not taken in: see the module docs). Once
     /// the store is gone, the outcome kept for the handle, for the caller to drop outside any
-    /// lock.
-    pub(crate) fn handle_dropped(&self, seq: u64) -> Option<Arc<Completion>> {
+    /// lock. `take_in` is the store's way to take the drops in (see the module docs).
+    pub(crate) fn handle_dropped(&self, seq: u64, take_in: impl FnOnce(&S)) -> Option<Arc<Completion>> {
         self.dropped.push(seq);
         if self.is_sealed.load(Ordering::SeqCst) {
             return self.take_kept(seq);
@@ -98,7 +97,7 @@ impl Hub {
             // Nobody took the drops in for a while (an idle pool): take them in here. The
             // store, while it lives (its `Drop` takes in what is left).
             if let Some(store) = self.store() {
-                store.take_in_dropped();
+                take_in(&store);
             }
         }
         None
@@ -152,7 +151,7 @@ impl Hub {
     }
 }
 
-impl Drop for Hub {
+impl<S: ?Sized> Drop for Hub<S> {
     /// The outcomes still kept hold user values (outputs): each is dropped on its own.
     fn drop(&mut self) {
         if let Some(kept) = self.sealed.get_mut().take() {

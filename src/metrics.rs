@@ -6,7 +6,6 @@ use std::fmt::{self, Write as _};
 use std::time::{Duration, Instant};
 
 use crate::stats::{Stats, TypeStats};
-use crate::store::RunOutcome;
 use crate::sync::{AtomicU64, Ordering};
 use crate::task::FailureReason;
 
@@ -55,16 +54,6 @@ pub(crate) enum Ended {
     Succeeded,
     Retried,
     Failed,
-}
-
-impl Ended {
-    pub(crate) fn of(outcome: &RunOutcome) -> Ended {
-        match outcome {
-            RunOutcome::Succeeded(_) => Ended::Succeeded,
-            RunOutcome::Retry { .. } => Ended::Retried,
-            RunOutcome::Failed(_) => Ended::Failed,
-        }
-    }
 }
 
 /// A finished run, counted by the store once it has read the time the run ended
@@ -556,7 +545,7 @@ mod tests {
     #[test]
     fn runs_land_in_their_buckets_and_label_values_are_escaped() {
         let runs = RunMetrics::new(2, 3);
-        let ok = Ended::of(&RunOutcome::Succeeded(Box::new(())));
+        let ok = Ended::Succeeded;
         runs.record(0, 1, ok, Duration::from_micros(500), false);
         runs.record(1, 1, ok, Duration::from_millis(1), false);
         runs.record(2, 1, ok, Duration::from_secs(61), true);

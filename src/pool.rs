@@ -4,7 +4,6 @@ use std::any::Any;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::builder::Builder;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, StatsError, SubmitError, WaitError};
 use crate::handle::{Resubmitted, TaskHandle};
@@ -14,7 +13,7 @@ use crate::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, TypeStats};
 use crate::store::Store;
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
 use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
-use crate::{unwind, worker};
+use crate::{current, unwind};
 
 /// A pool of worker threads running tasks from a priority queue, with retries, dead letters,
 /// dependencies, cancellation and graceful shutdown.
@@ -71,18 +70,6 @@ impl Pool {
             workers: Mutex::new(handles),
             worker_ids,
         }
-    }
-
-    /// A [`Builder`] with the default settings.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let pool = tasq::Pool::builder().workers(2).build()?;
-    /// # Ok::<(), tasq::BuildError>(())
-    /// ```
-    pub fn builder() -> Builder {
-        Builder::new()
     }
 
     /// Submits a task and returns its handle.
@@ -989,7 +976,7 @@ impl Pool {
     /// The pool's own handlers cannot wait for it to be idle or empty: their tasks are running,
     /// so it never is for them.
     fn refuse_from_handler(&self) -> Result<(), WaitError> {
-        match worker::current_task() {
+        match current::current_task() {
             Some(id) if id.pool() == self.store.pool_id() => Err(WaitError::FromHandler),
             _ => Ok(()),
         }

@@ -1,6 +1,8 @@
-//! The handlers, registered by task type when the pool is built and read without locks afterwards.
+//! The registry: what the pool and its store know of each task type (its name, payload and output
+//! types, settings, gates and codec), fixed when the pool is built and read without locks
+//! afterwards. The handlers that run the types are the workers' (`handlers.rs`).
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::fmt;
 
@@ -8,18 +10,10 @@ use std::time::Duration;
 
 use crate::aging::Aging;
 use crate::breaker::Breaker;
-use crate::context::Context;
 use crate::error::SubmitErrorKind;
 use crate::limit::RateLimit;
-use crate::retry::{HandlerError, RetryPolicy};
+use crate::retry::RetryPolicy;
 use crate::task::TaskType;
-
-/// A handler with its payload and output types erased.
-pub(crate) type ErasedHandler = Box<
-    dyn Fn(&Context, &(dyn Any + Send)) -> Result<Box<dyn Any + Send + Sync>, HandlerError>
-        + Send
-        + Sync,
->;
 
 /// A task's own settings: fixed when it is submitted (from its type's declaration in the
 /// submitting pool, or the task's own [`Task`](crate::Task) setters), kept with the task, and
@@ -52,9 +46,10 @@ pub(crate) struct Entry {
     pub(crate) name: &'static str,
     pub(crate) payload: TypeId,
     pub(crate) output: TypeId,
-    /// `None`: declared without a handler ([`Builder::declare`](crate::Builder::declare)): a
-    /// pool may submit its tasks, and never runs them.
-    pub(crate) handler: Option<ErasedHandler>,
+    /// Whether this pool has a handler for the type: `false` if declared without one
+    /// ([`Builder::declare`](crate::Builder::declare)): a pool may submit its tasks, and
+    /// never runs them.
+    pub(crate) runs_here: bool,
     pub(crate) max_attempts: u32,
     pub(crate) retry: RetryPolicy,
     /// Each run's token fires this long after it starts (see `TypeOptions::timeout`).
@@ -119,31 +114,14 @@ impl Entry {
         self.concurrency.is_some() || self.rate.is_some() || self.downstream.is_some()
     }
 
-    /// The entry of `ty`, run by `handler`; its attempts and retry policy are filled in when the
-    /// pool is built, from the type's options or the pool's defaults.
-    pub(crate) fn new<P, O, F>(ty: TaskType<P, O>, handler: F) -> Entry
-    where
-        P: Send + 'static,
-        O: Send + Sync + 'static,
-        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
-    {
-        let mut entry = Entry::declared(ty);
-        entry.handler = Some(Box::new(move |ctx, payload| {
-            let payload = payload
-                .downcast_ref::<P>()
-                .expect("payload type checked at submit");
-            handler(ctx, payload).map(|output| Box::new(output) as _)
-        }));
-        entry
-    }
-
-    /// The entry of `ty` declared without a handler: its tasks may be submitted, not run here.
-    pub(crate) fn declared<P: 'static, O: 'static>(ty: TaskType<P, O>) -> Entry {
+    /// The entry of `ty`, run here if `runs_here`; its attempts and retry policy are filled in
+    /// when the pool is built, from the type's options or the pool's defaults.
+    pub(crate) fn new<P: 'static, O: 'static>(ty: TaskType<P, O>, runs_here: bool) -> Entry {
         Entry {
             name: ty.name(),
             payload: TypeId::of::<P>(),
             output: TypeId::of::<O>(),
-            handler: None,
+            runs_here,
             max_attempts: 0,
             retry: RetryPolicy::default(),
             timeout: None,
@@ -166,6 +144,10 @@ pub(crate) struct Registry {
     pub(crate) downstreams: Vec<(&'static str, Breaker)>,
     /// How ready tasks age, if they do.
     pub(crate) aging: Option<Aging>,
+    /// The pool's handlers (`handlers.rs`), opaque here: the registry never runs them, it only
+    /// keeps them alive as long as itself, so that a handler's captures go when the store
+    /// goes, once the pool's last thread and handle have let go of it.
+    pub(crate) keep_alive: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Registry {
@@ -225,16 +207,6 @@ impl Registry {
     /// Whether some type's tasks may be held back before they start: a limit or a breaker.
     pub(crate) fn has_gates(&self) -> bool {
         self.entries.iter().any(Entry::is_gated)
-    }
-}
-
-impl Drop for Registry {
-    /// The handlers are user closures, and so are their captures' `Drop`s: one at a time, each
-    /// inside `catch_unwind`.
-    fn drop(&mut self) {
-        for entry in self.entries.drain(..) {
-            crate::unwind::drop_quietly(entry);
-        }
     }
 }
 

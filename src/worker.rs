@@ -7,7 +7,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::context::Context;
-use crate::metrics::{Ended, RunEnd};
+use crate::current::Running;
+use crate::handlers::{ErasedHandler, Handlers};
+use crate::metrics::RunEnd;
 use crate::monitor::Monitor;
 use crate::registry::{Entry, Settings};
 use crate::store::{Claim, RunOutcome, Store};
@@ -29,6 +31,8 @@ pub(crate) struct Threads {
     pub(crate) start_hook: Option<WorkerHook>,
     /// Run on each worker thread after its last task (see `Builder::on_worker_exit`).
     pub(crate) exit_hook: Option<WorkerHook>,
+    /// What the workers run, by type index.
+    pub(crate) handlers: std::sync::Arc<Handlers>,
 }
 
 /// A hook run on each worker thread with its index: user code.
@@ -45,6 +49,7 @@ pub(crate) fn spawn<S: Store + 'static>(
     for index in 0..threads.count {
         let worker_store = Arc::clone(store);
         let monitor = Arc::clone(monitor);
+        let handlers = std::sync::Arc::clone(&threads.handlers);
         let name = format!("{}-{index}", threads.name);
         let quiet = threads.quiet_panics;
         let seed = threads.seed;
@@ -57,7 +62,7 @@ pub(crate) fn spawn<S: Store + 'static>(
             let _exit = ExitGuard(&*worker_store);
             run_hook(start_hook, index);
             let mut rng = rng(seed, index);
-            supervise(&worker_store, &monitor, index, &mut rng);
+            supervise(&worker_store, &monitor, &handlers, index, &mut rng);
             run_hook(exit_hook, index);
         });
         match spawned {
@@ -106,34 +111,6 @@ impl<S: Store> Drop for ExitGuard<'_, S> {
     }
 }
 
-crate::sync::thread_local! {
-    // Not `const`-initialised: loom's `thread_local!` does not take that form.
-    #[allow(clippy::missing_const_for_thread_local)]
-    /// The task whose handler this thread is running, if any.
-    static CURRENT: Cell<Option<TaskId>> = Cell::new(None);
-}
-
-/// The task whose handler the calling thread is running (`None` outside handlers).
-pub(crate) fn current_task() -> Option<TaskId> {
-    CURRENT.with(Cell::get)
-}
-
-/// Marks the calling thread as running `id`'s handler until dropped.
-struct Running;
-
-impl Running {
-    fn enter(id: TaskId) -> Running {
-        CURRENT.with(|c| c.set(Some(id)));
-        Running
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        CURRENT.with(|c| c.set(None));
-    }
-}
-
 /// A worker thread's body: runs tasks until the pool says to stop.
 ///
 /// User code cannot unwind out of [`run`]: every piece of it runs inside `catch_unwind`. A panic
@@ -143,6 +120,7 @@ impl Drop for Running {
 fn supervise<S: Store + 'static, R: Rng>(
     store: &Arc<S>,
     monitor: &Arc<Monitor>,
+    handlers: &Handlers,
     index: usize,
     rng: &mut R,
 ) {
@@ -150,7 +128,7 @@ fn supervise<S: Store + 'static, R: Rng>(
     let pool: Arc<dyn Store> = Arc::clone(store) as Arc<dyn Store>;
     let held = Cell::new(None);
     loop {
-        match unwind::catch(|| run(&**store, &pool, monitor, index, rng, &held)) {
+        match unwind::catch(|| run(&**store, &pool, monitor, handlers, index, rng, &held)) {
             Ok(()) => return,
             Err(message) => {
                 let message = format!("the worker running this task panicked: {message}");
@@ -167,6 +145,7 @@ fn run<S: Store, R: Rng>(
     store: &S,
     pool: &Arc<dyn Store>,
     monitor: &Arc<Monitor>,
+    handlers: &Handlers,
     index: usize,
     rng: &mut R,
     held: &Cell<Option<TaskId>>,
@@ -194,7 +173,8 @@ fn run<S: Store, R: Rng>(
         let outcome = {
             let _running = Running::enter(claim.id);
             let _span = trace::run(claim.id, entry.name, claim.attempt);
-            run_handler(entry, &settings, &ctx, &claim, rng)
+            let handler = handlers.get(claim.type_index);
+            run_handler(entry, handler, &settings, &ctx, &claim, rng)
         };
         let timed_out = timed.is_some_and(|key| monitor.end(key));
         let outcome = if timed_out {
@@ -202,7 +182,7 @@ fn run<S: Store, R: Rng>(
         } else {
             outcome
         };
-        let ended_as = Ended::of(&outcome);
+        let ended_as = outcome.ended();
         if let RunOutcome::Retry { delay, error } = &outcome {
             trace::retry(*delay, error);
         }
@@ -228,6 +208,7 @@ fn run<S: Store, R: Rng>(
 /// `Display` and `Drop`, a panic's payload) runs inside `catch_unwind`.
 fn run_handler<R: Rng>(
     entry: &Entry,
+    handler: Option<&ErasedHandler>,
     settings: &Settings,
     ctx: &Context<'_>,
     claim: &Claim,
@@ -235,7 +216,7 @@ fn run_handler<R: Rng>(
 ) -> RunOutcome {
     // A store claims only the types this pool runs: a type declared without a handler here is
     // never claimed.
-    let Some(handler) = entry.handler.as_ref() else {
+    let Some(handler) = handler else {
         let error = format!("task type `{}` has no handler in this pool", entry.name);
         return RunOutcome::Failed(Failure::new(
             FailureReason::Permanent,

@@ -21,7 +21,7 @@ use crate::completion::Completion;
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::hub::Hub;
-use crate::metrics::RunEnd;
+use crate::metrics::{Ended, RunEnd};
 use crate::registry::{Registry, Settings};
 use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::sync::Arc;
@@ -30,6 +30,9 @@ use crate::task::{CancelOutcome, Dependency, Failure, FailureReason, Start, Task
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+
+/// The hub of a pool's handles (see `hub.rs`), handing out the store.
+pub(crate) type StoreHub = Hub<dyn Store>;
 
 /// A task on its way into a store. The store reads what it needs, and takes the payload out of
 /// `payload` only once it has accepted the task: a refused or deduplicated task keeps it, so the
@@ -120,6 +123,15 @@ pub(crate) enum RunOutcome {
 }
 
 impl RunOutcome {
+    /// How the metrics count the run.
+    pub(crate) fn ended(&self) -> Ended {
+        match self {
+            RunOutcome::Succeeded(_) => Ended::Succeeded,
+            RunOutcome::Retry { .. } => Ended::Retried,
+            RunOutcome::Failed(_) => Ended::Failed,
+        }
+    }
+
     /// What the run says about its type's downstream (see `breaker.rs`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn verdict(&self) -> Verdict {
@@ -207,7 +219,7 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
     }
 
     /// What this store's handles share.
-    fn hub(&self) -> &Arc<Hub>;
+    fn hub(&self) -> &Arc<StoreHub>;
 
     /// Takes in the drops of unread handles queued on the hub (see `hub.rs`), now: called by
     /// a handle's drop when many are queued and nobody took them in (an idle pool). Nothing to

@@ -46,13 +46,14 @@
 
 use std::time::Instant;
 
-use super::Seq;
+use super::ids::Seq;
 use super::queue::{ReadyQueue, Stamp};
 use super::record::{GateKind, Gating, Record};
-use super::state::IdMap;
+use super::ids::IdMap;
 use crate::aging::Aging;
 use crate::breaker::{Breaker, BreakerCell, BreakerState, Verdict};
-use crate::event::{Event, Events};
+use crate::event::Event;
+use crate::events::Events;
 use crate::limit::{Bucket, RateLimit};
 use crate::registry::Registry;
 use crate::task::TaskState;

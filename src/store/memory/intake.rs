@@ -54,7 +54,7 @@
 
 use std::any::Any;
 
-use super::Seq;
+use super::ids::Seq;
 use super::queue::Stamp;
 use crate::sync::{Arc, AtomicU64, Ordering, Queue};
 

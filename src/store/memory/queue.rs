@@ -9,7 +9,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::Seq;
+use super::ids::Seq;
 use crate::aging::Aging;
 
 /// How aging ranks a bucket's front: effective priority, then ready longest (the earlier

@@ -3,7 +3,7 @@
 
 use std::any::Any;
 
-use super::Seq;
+use super::ids::Seq;
 use super::queue::Stamp;
 use crate::completion::{Completion, Finished};
 use crate::sync::{Arc, ThreadId};

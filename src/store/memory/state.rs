@@ -68,10 +68,9 @@
 
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
-use super::Seq;
+use super::ids::{IdMap, Seq};
 use super::gate::{Gate, Gates, Wakes, ready_since};
 use super::intake::Entry;
 use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
@@ -83,7 +82,7 @@ use crate::clock::Clock;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{CancelError, ResubmitError};
-use crate::event::Events;
+use crate::events::Events;
 use crate::registry::{Registry, Settings};
 use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
 use crate::store::{Claim, RunOutcome};
@@ -100,32 +99,6 @@ pub(crate) struct Retention {
     /// Dead letters kept until taken or resubmitted, at most this many (the oldest go first).
     pub(crate) max_dead_letters: usize,
 }
-
-/// Hashes task ids (sequential `u64`s) for locality: the table finds a bucket from the hash's
-/// low bits and tags it with its top 7 bits. The low bits are the id itself, so consecutive ids
-/// (tasks submitted together, usually run together) sit in neighbouring buckets and share cache
-/// lines; the top 7 bits come from a multiply, so tags still differ within a group.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    /// Only task sequence numbers are hashed with this: anything else is refused loudly, rather
-    /// than hashed badly.
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("IdHasher hashes task sequence numbers (u64) only")
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        const TAG: u64 = 0x7F << 57;
-        self.0 = (n & !TAG) | (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) & TAG);
-    }
-}
-
-pub(crate) type IdMap<V> = HashMap<Seq, V, BuildHasherDefault<IdHasher>>;
 
 /// Records per non-terminal state (invariant 5).
 #[derive(Default, Clone, Copy)]
@@ -1770,7 +1743,7 @@ impl State {
         types
     }
 
-    /// Takes every record out, for [`MemoryStore`](super::MemoryStore)'s `Drop` to drop quietly.
+    /// Takes every record out, for [`MemoryStore`](super::store::MemoryStore)'s `Drop` to drop quietly.
     pub(crate) fn take_records(&mut self) -> Vec<Record> {
         self.tokens.clear();
         self.rouse_all();
@@ -1999,7 +1972,7 @@ impl State {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::super::MemoryStore;
+    use super::super::store::MemoryStore;
     use super::super::record::GateKind;
     use super::*;
     use crate::breaker::{Breaker, BreakerState};
@@ -2028,29 +2001,6 @@ mod tests {
             key: Some("k".into()),
             settings: None,
         }
-    }
-
-    /// The low bits of an id's hash are the id (neighbours stay neighbours), and its top seven
-    /// bits, the table's tag, spread over consecutive ids.
-    #[test]
-    fn id_hasher_keeps_locality_and_spreads_tags() {
-        use std::hash::BuildHasher;
-        let hasher = BuildHasherDefault::<IdHasher>::default();
-        let low = u64::MAX >> 7;
-        let mut tags = std::collections::HashSet::new();
-        for id in (0..1024).chain([low, u64::MAX]) {
-            let hash = hasher.hash_one(id);
-            assert_eq!(hash & low, id & low, "the low bits of {id}'s hash");
-            tags.insert(hash >> 57);
-        }
-        assert!(tags.len() > 100, "only {} tags over 1,024 ids", tags.len());
-    }
-
-    #[test]
-    #[should_panic(expected = "hashes task sequence numbers (u64) only")]
-    fn id_hasher_refuses_other_keys() {
-        use std::hash::BuildHasher;
-        BuildHasherDefault::<IdHasher>::default().hash_one("a string");
     }
 
     /// The check names the invariant a corrupted state breaks (so the soak run's calls of it
@@ -2175,7 +2125,7 @@ mod tests {
         let mut registry = Registry::default();
         for (i, &(concurrency, rate, downstream)) in types.iter().enumerate() {
             let ty: TaskType<(), ()> = TaskType::new(NAMES[i]);
-            let mut entry = Entry::new(ty, |_, _: &()| Ok::<_, crate::HandlerError>(()));
+            let mut entry = Entry::new(ty, true);
             entry.max_attempts = 1;
             entry.concurrency = concurrency;
             entry.rate = rate;
@@ -2186,7 +2136,7 @@ mod tests {
         registry.aging = aging;
         let log = Arc::new(crate::sync::Mutex::new(Vec::new()));
         let sink = Arc::clone(&log);
-        let hook: crate::event::Hook = Box::new(move |e: &Event| sink.lock().push(e.clone()));
+        let hook: crate::events::Hook = Box::new(move |e: &Event| sink.lock().push(e.clone()));
         let events = Events::start(vec![hook], "gates-test").unwrap();
         let store = MemoryStore::new(registry, Clock::System, retention(), 1, 7, events.clone());
         (store, events, log)

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::time::{Instant, SystemTime};
 
 use super::intake::{Announced, Entry};
-use super::{Effects, MemoryStore, NewTask};
+use super::record::Effects;
+use super::state::NewTask;
+use super::store::MemoryStore;
 use crate::completion::Completion;
 use crate::error::SubmitErrorKind;
 use crate::registry::Settings;

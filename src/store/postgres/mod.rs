@@ -105,13 +105,12 @@ use crate::clock::Clock;
 use crate::completion::{Completion, Finished};
 use crate::dead_letter::DeadLetter;
 use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
-use crate::event::Events;
-use crate::hub::Hub;
+use crate::events::Events;
 use crate::metrics::RunEnd;
 use crate::registry::Registry;
 use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::{
-    Claim, CopyPayload, Drained, Revived, RunOutcome, Store, Submission, Submitted,
+    Claim, CopyPayload, Drained, Revived, RunOutcome, Store, StoreHub, Submission, Submitted,
 };
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use crate::task::{CancelOutcome, CancelReason, Start, TaskId, TaskState};
@@ -456,7 +455,7 @@ pub(crate) struct PgStore {
     /// Handles waiting in this process, by row id.
     waiters: Mutex<HashMap<i64, Weak<Completion>>>,
     /// What the pool's handles share (they always hold their completion here).
-    hub: Arc<Hub>,
+    hub: Arc<StoreHub>,
     /// Successes waiting to be written together.
     acks: acks::Acks,
     clock: Clock,
@@ -543,7 +542,7 @@ impl PgStore {
         let types = registry
             .entries()
             .iter()
-            .filter(|entry| entry.handler.is_some())
+            .filter(|entry| entry.runs_here)
             .map(|entry| entry.name.to_owned())
             .collect();
         let gates = gates::Gates::new(&registry);
@@ -584,7 +583,7 @@ impl PgStore {
             gates,
             aging: Mutex::new(gates::AgingTurn::default()),
             aging_cv: Condvar::new(),
-            hub: Hub::new(),
+            hub: StoreHub::new(),
         });
         if let Some(gates) = &store.gates {
             // The rows every process shares: made by the first pool that uses them.
@@ -592,7 +591,7 @@ impl PgStore {
                 .with_conn(|c| gates::ensure_rows(c, gates))
                 .map_err(BuildError::Store)?;
         }
-        store.hub.attach(&store);
+        store.hub.attach(Arc::downgrade(&store) as Weak<PgStore>);
         for event in mismatches {
             store.events.emit(event);
         }
@@ -1629,7 +1628,7 @@ impl Store for PgStore {
         }
     }
 
-    fn hub(&self) -> &Arc<Hub> {
+    fn hub(&self) -> &Arc<StoreHub> {
         &self.hub
     }
 
