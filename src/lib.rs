@@ -56,43 +56,45 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(unreachable_pub)]
 
-mod aging;
-mod alert;
-mod breaker;
-mod builder;
-mod cancel;
-mod clock;
-#[cfg(feature = "postgres")]
-mod codec;
-mod completion;
-mod context;
-mod current;
-mod dead_letter;
-mod error;
-mod event;
-mod events;
-mod handle;
-mod handlers;
-mod hub;
-mod limit;
-mod metrics;
-mod monitor;
-mod pool;
-mod registry;
-mod retry;
-mod stats;
-mod store;
-mod submit;
+// The layers, from the bottom: each folder's module docs say what it owns and what it may
+// import (ARCHITECTURE.md draws the whole).
 mod sync;
-mod task;
-mod trace;
 mod unwind;
-mod worker;
 
-pub use aging::Aging;
-pub use alert::{Alert, AlertScope, AlertValue};
-pub use breaker::{Breaker, BreakerState};
-pub use builder::{Builder, Embedded, TypeOptions};
+mod api;
+mod client;
+mod gates;
+mod model;
+mod observe;
+mod runtime;
+mod store;
+
+pub use api::builder::{Builder, Embedded, TypeOptions};
+pub use api::pool::Pool;
+pub use client::context::Context;
+pub use client::handle::{Outcome, Resubmitted, TaskHandle};
+#[cfg(feature = "postgres")]
+pub use client::submit::Receipt;
+pub use gates::aging::Aging;
+pub use gates::breaker::{Breaker, BreakerState};
+pub use gates::limit::RateLimit;
+pub use model::cancel::{CancelToken, Cancelled, Interrupt};
+pub use model::clock::ManualClock;
+pub use model::dead_letter::DeadLetter;
+pub use model::error::{
+    BuildError, CancelError, ResubmitError, StatsError, SubmitError, SubmitErrorKind, TaskError,
+    WaitError,
+};
+#[cfg(feature = "postgres")]
+pub use model::error::{SchemaError, SucceedInError};
+pub use model::id::{ParseTaskIdError, TaskId};
+pub use model::retry::{HandlerError, ResultExt, RetryPolicy};
+pub use model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
+pub use model::task::{Dependency, Task, TaskType};
+pub use observe::alert::{Alert, AlertScope, AlertValue};
+pub use observe::event::Event;
+pub use observe::metrics::{Histogram, Metrics, RUN_TIME_BUCKETS, RunCounts, TypeMetrics};
+pub use observe::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 
 /// The durable store (feature `postgres`): tasks in PostgreSQL, shared by pools in many
 /// processes. Build a pool on it with [`Builder::postgres`].
@@ -106,29 +108,6 @@ pub mod postgres {
     #[doc(hidden)]
     pub use crate::store::postgres::testing;
 }
-pub use cancel::{CancelToken, Cancelled, Interrupt};
-pub use clock::ManualClock;
-pub use context::Context;
-pub use dead_letter::DeadLetter;
-pub use error::{
-    BuildError, CancelError, ResubmitError, StatsError, SubmitError, SubmitErrorKind, TaskError,
-    WaitError,
-};
-#[cfg(feature = "postgres")]
-pub use error::{SchemaError, SucceedInError};
-pub use event::Event;
-pub use handle::{Outcome, Resubmitted, TaskHandle};
-pub use limit::RateLimit;
-pub use metrics::{Histogram, Metrics, RUN_TIME_BUCKETS, RunCounts, TypeMetrics};
-pub use pool::Pool;
-pub use retry::{HandlerError, ResultExt, RetryPolicy};
-pub use stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, Totals, TypeStats};
-#[cfg(feature = "postgres")]
-pub use submit::Receipt;
-pub use task::{
-    CancelOutcome, CancelReason, Dependency, Failure, FailureReason, ParseTaskIdError, Task,
-    TaskId, TaskState, TaskType,
-};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -14,22 +14,26 @@ use std::any::Any;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::breaker::Verdict;
-use crate::cancel::CancelToken;
-use crate::clock::Clock;
-use crate::completion::Completion;
-use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
-use crate::hub::Hub;
-use crate::metrics::{Ended, RunEnd};
-use crate::registry::{Registry, Settings};
-use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
+use crate::gates::breaker::Verdict;
+use crate::model::cancel::CancelToken;
+use crate::model::clock::Clock;
+use crate::model::completion::Completion;
+use crate::model::dead_letter::DeadLetter;
+use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
+use crate::model::task::{Dependency, Start};
+use crate::observe::metrics::{Ended, RunEnd};
+use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
+use crate::store::hub::Hub;
+use crate::store::registry::{Registry, Settings};
 use crate::sync::Arc;
-use crate::task::{CancelOutcome, Dependency, Failure, FailureReason, Start, TaskId, TaskState};
 
+pub(crate) mod hub;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod registry;
 
 /// The hub of a pool's handles (see `hub.rs`), handing out the store.
 pub(crate) type StoreHub = Hub<dyn Store>;

@@ -46,17 +46,17 @@
 
 use std::time::Instant;
 
+use super::ids::IdMap;
 use super::ids::Seq;
 use super::queue::{ReadyQueue, Stamp};
 use super::record::{GateKind, Gating, Record};
-use super::ids::IdMap;
-use crate::aging::Aging;
-use crate::breaker::{Breaker, BreakerCell, BreakerState, Verdict};
-use crate::event::Event;
-use crate::events::Events;
-use crate::limit::{Bucket, RateLimit};
-use crate::registry::Registry;
-use crate::task::TaskState;
+use crate::gates::aging::Aging;
+use crate::gates::breaker::{Breaker, BreakerCell, BreakerState, Verdict};
+use crate::gates::limit::{Bucket, RateLimit};
+use crate::model::state::TaskState;
+use crate::observe::event::Event;
+use crate::observe::events::Events;
+use crate::store::registry::Registry;
 
 /// One gate: the breaker of a downstream, or a type's own limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::ids::Seq;
-use crate::aging::Aging;
+use crate::gates::aging::Aging;
 
 /// How aging ranks a bucket's front: effective priority, then ready longest (the earlier
 /// stamp), then the lower id; the greatest key runs first.

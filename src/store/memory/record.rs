@@ -5,9 +5,9 @@ use std::any::Any;
 
 use super::ids::Seq;
 use super::queue::Stamp;
-use crate::completion::{Completion, Finished};
+use crate::model::completion::{Completion, Finished};
+use crate::model::state::{CancelReason, Failure, TaskState};
 use crate::sync::{Arc, ThreadId};
-use crate::task::{CancelReason, Failure, TaskState};
 use crate::unwind;
 
 /// A task's record. Kept small (80 bytes): what only some tasks need lives in [`Extra`], and
@@ -167,7 +167,7 @@ pub(crate) struct Extra {
     /// Of a task in a dead letter's cascade: that dead letter.
     pub(crate) cascade_root: Option<Seq>,
     /// Settings of the task's own, unlike its type's (fixed at submit, kept by a resubmit).
-    pub(crate) settings: Option<crate::registry::Settings>,
+    pub(crate) settings: Option<crate::store::registry::Settings>,
     /// A dead letter whose record retention has passed over: it is kept only while it stays a
     /// dead letter (until taken, resubmitted or pushed out by the dead-letter limit).
     pub(crate) expired: bool,

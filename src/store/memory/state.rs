@@ -70,26 +70,26 @@ use std::any::Any;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::ids::{IdMap, Seq};
 use super::gate::{Gate, Gates, Wakes, ready_since};
+use super::ids::{IdMap, Seq};
 use super::intake::Entry;
 use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
 use super::record::{Dormant, Effects, Gating, Outcome, Record};
-use crate::aging::Aging;
-use crate::breaker::Verdict;
-use crate::cancel::{CancelToken, Interrupt};
-use crate::clock::Clock;
-use crate::completion::{Completion, Finished};
-use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError};
-use crate::events::Events;
-use crate::registry::{Registry, Settings};
-use crate::stats::{Stats, TaskInfo, Totals, TypeStats};
+use crate::gates::aging::Aging;
+use crate::gates::breaker::Verdict;
+use crate::model::cancel::{CancelToken, Interrupt};
+use crate::model::clock::Clock;
+use crate::model::completion::{Completion, Finished};
+use crate::model::dead_letter::DeadLetter;
+use crate::model::error::{CancelError, ResubmitError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
+use crate::model::task::Dependency;
+use crate::observe::events::Events;
+use crate::observe::stats::{Stats, TaskInfo, Totals, TypeStats};
+use crate::store::registry::{Registry, Settings};
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, AtomicU64, Ordering, ThreadId};
-use crate::task::{
-    CancelOutcome, CancelReason, Dependency, Failure, FailureReason, TaskId, TaskState,
-};
 
 /// How long terminal records are remembered (for handles' status, keys and dead letters).
 #[derive(Clone, Copy, Debug)]
@@ -1972,16 +1972,16 @@ impl State {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::super::store::MemoryStore;
     use super::super::record::GateKind;
+    use super::super::store::MemoryStore;
     use super::*;
-    use crate::breaker::{Breaker, BreakerState};
-    use crate::clock::Clock;
-    use crate::event::Event;
-    use crate::limit::RateLimit;
-    use crate::registry::Entry;
+    use crate::gates::breaker::{Breaker, BreakerState};
+    use crate::gates::limit::RateLimit;
+    use crate::model::clock::Clock;
+    use crate::model::task::TaskType;
+    use crate::observe::event::Event;
     use crate::store::Store;
-    use crate::task::TaskType;
+    use crate::store::registry::Entry;
 
     fn retention() -> Retention {
         Retention {
@@ -2136,7 +2136,8 @@ mod tests {
         registry.aging = aging;
         let log = Arc::new(crate::sync::Mutex::new(Vec::new()));
         let sink = Arc::clone(&log);
-        let hook: crate::events::Hook = Box::new(move |e: &Event| sink.lock().push(e.clone()));
+        let hook: crate::observe::events::Hook =
+            Box::new(move |e: &Event| sink.lock().push(e.clone()));
         let events = Events::start(vec![hook], "gates-test").unwrap();
         let store = MemoryStore::new(registry, Clock::System, retention(), 1, 7, events.clone());
         (store, events, log)

@@ -11,23 +11,23 @@ use super::queue::Epoch;
 use super::record::Effects;
 use super::state::{Lend, Retention, State};
 
-
-use crate::cancel::CancelToken;
-use crate::clock::{Clock, Wake};
-use crate::completion::{Completion, Finished};
-use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
-use crate::events::Events;
-use crate::metrics::RunEnd;
-use crate::registry::Registry;
-use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
+use crate::model::cancel::CancelToken;
+use crate::model::clock::{Clock, Wake};
+use crate::model::completion::{Completion, Finished};
+use crate::model::dead_letter::DeadLetter;
+use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, CancelReason, TaskState};
+use crate::observe::events::Events;
+use crate::observe::metrics::RunEnd;
+use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
+use crate::store::registry::Registry;
 use crate::store::{
     Claim, CopyPayload, Drained, Revived, RunOutcome, Store, StoreHub, Submission, Submitted,
 };
 use crate::sync::{
     Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak, yield_now,
 };
-use crate::task::{CancelOutcome, CancelReason, TaskId, TaskState};
 use crate::unwind;
 
 /// The embedded store: what the pool, its workers and its handles share in one process.
@@ -76,7 +76,9 @@ impl MemoryStore {
         let shared = Arc::new(MemoryStore::new(
             registry, clock, retention, workers, pool_id, events,
         ));
-        shared.hub.attach(Arc::downgrade(&shared) as Weak<MemoryStore>);
+        shared
+            .hub
+            .attach(Arc::downgrade(&shared) as Weak<MemoryStore>);
         let sleeper: Weak<MemoryStore> = Arc::downgrade(&shared);
         shared.clock.register(sleeper);
         shared

@@ -8,12 +8,13 @@ use super::intake::{Announced, Entry};
 use super::record::Effects;
 use super::state::NewTask;
 use super::store::MemoryStore;
-use crate::completion::Completion;
-use crate::error::SubmitErrorKind;
-use crate::registry::Settings;
+use crate::model::completion::Completion;
+use crate::model::error::SubmitErrorKind;
+use crate::model::id::TaskId;
+use crate::model::task::Start;
+use crate::store::registry::Settings;
 use crate::store::{Store, Submission, Submitted};
 use crate::sync::Arc;
-use crate::task::{Start, TaskId};
 
 impl MemoryStore {
     /// When a task that starts at `start` is due, if the pool can hold that time.

@@ -12,9 +12,9 @@ use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::notifier::Notifier;
 use super::{PgStore, leader, rows};
-use crate::cancel::Interrupt;
+use crate::model::cancel::Interrupt;
+use crate::model::state::Failure;
 use crate::sync::{self, Arc};
-use crate::task::Failure;
 
 /// Starts a named thread running `body(store)`; the thread holds the store until `body` returns
 /// (when the pool stops; for the maintenance thread, once no local handle waits any more).

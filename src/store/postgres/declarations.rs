@@ -16,8 +16,8 @@
 use postgres::GenericClient;
 use serde_json::{Map, Value, json};
 
-use crate::event::Event;
-use crate::registry::{Entry, Registry};
+use crate::observe::event::Event;
+use crate::store::registry::{Entry, Registry};
 
 use super::rows;
 

@@ -9,12 +9,14 @@ use serde_json::Value;
 
 use super::conn::Sql;
 use super::{Insert, PgStore, insert_task, notify, rows};
-use crate::cancel::{CancelToken, Interrupt};
-use crate::error::{ResubmitError, SubmitErrorKind};
-use crate::event::Event;
+use crate::model::cancel::{CancelToken, Interrupt};
+use crate::model::error::{ResubmitError, SubmitErrorKind};
+use crate::model::id::TaskId;
+use crate::model::state::{Failure, FailureReason, TaskState};
+use crate::model::task::Dependency;
+use crate::observe::event::Event;
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, Weak};
-use crate::task::{Dependency, Failure, FailureReason, TaskId, TaskState};
 use crate::unwind;
 
 /// How a run ends, as the store writes it.
@@ -329,14 +331,14 @@ impl PgStore {
             .flatten();
         let from_row = match (waiter, ending, written) {
             (Some(completion), Ending::Succeeded(_, output), Some(TaskState::Succeeded)) => {
-                let finished = crate::completion::Finished::Succeeded(Some(output));
+                let finished = crate::model::completion::Finished::Succeeded(Some(output));
                 unwind::drop_quietly(completion.publish_first(finished));
                 // The last reference, if every handle went meanwhile.
                 unwind::drop_quietly(completion);
                 false
             }
             (Some(completion), Ending::Failed(failure), Some(TaskState::Failed)) => {
-                let finished = crate::completion::Finished::Failed(Box::new(failure));
+                let finished = crate::model::completion::Finished::Failed(Box::new(failure));
                 unwind::drop_quietly(completion.publish_first(finished));
                 unwind::drop_quietly(completion);
                 false

@@ -79,10 +79,10 @@ use postgres::Row;
 
 use super::conn::Sql;
 use super::{PgStore, rows};
-use crate::breaker::{Breaker, BreakerState, Verdict};
-use crate::event::Event;
-use crate::limit::RateLimit;
-use crate::registry::Registry;
+use crate::gates::breaker::{Breaker, BreakerState, Verdict};
+use crate::gates::limit::RateLimit;
+use crate::observe::event::Event;
+use crate::store::registry::Registry;
 
 /// A pick of the best ready rows of the types `$1`, at most `$2`, as the plain claim picks them:
 /// the rows of types not in `$4` (ungated) are claimed at once, leased for `$3` microseconds; the

@@ -100,20 +100,22 @@ use postgres::{NoTls, Row};
 use serde_json::Value;
 
 use self::conn::Sql;
-use crate::cancel::{CancelToken, Interrupt};
-use crate::clock::Clock;
-use crate::completion::{Completion, Finished};
-use crate::dead_letter::DeadLetter;
-use crate::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
-use crate::events::Events;
-use crate::metrics::RunEnd;
-use crate::registry::Registry;
-use crate::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
+use crate::model::cancel::{CancelToken, Interrupt};
+use crate::model::clock::Clock;
+use crate::model::completion::{Completion, Finished};
+use crate::model::dead_letter::DeadLetter;
+use crate::model::error::{BuildError, CancelError, ResubmitError, SubmitErrorKind, WaitError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, CancelReason, TaskState};
+use crate::model::task::Start;
+use crate::observe::events::Events;
+use crate::observe::metrics::RunEnd;
+use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
+use crate::store::registry::Registry;
 use crate::store::{
     Claim, CopyPayload, Drained, Revived, RunOutcome, Store, StoreHub, Submission, Submitted,
 };
 use crate::sync::{Arc, Condvar, Mutex, Weak};
-use crate::task::{CancelOutcome, CancelReason, Start, TaskId, TaskState};
 use crate::unwind;
 
 /// The version of the durable store's schema that this crate reads and writes:
@@ -820,7 +822,7 @@ impl PgStore {
 
     /// The codec of registered type `type_index` (every type of a durable pool has one: the
     /// build refuses others).
-    fn codec(&self, type_index: u32) -> crate::codec::Codec {
+    fn codec(&self, type_index: u32) -> crate::model::codec::Codec {
         self.registry
             .entry(type_index)
             .codec
@@ -884,8 +886,8 @@ impl PgStore {
                     });
                 match decoded {
                     Ok(output) => Finished::Succeeded(Some(output)),
-                    Err(error) => Finished::Failed(Box::new(crate::task::Failure::new(
-                        crate::task::FailureReason::BadPayload,
+                    Err(error) => Finished::Failed(Box::new(crate::model::state::Failure::new(
+                        crate::model::state::FailureReason::BadPayload,
                         u32::try_from(row.get::<_, i32>("attempts")).unwrap_or(0),
                         format!("the task succeeded, but its output could not be decoded: {error}"),
                         None,
@@ -965,7 +967,7 @@ impl PgStore {
             index.map_or_else(|| leak_name(row.get(0)), |i| self.registry.entry(i).name);
         // A column left NULL (a row inserted by hand) takes the type's setting here; a type
         // this pool does not know, the defaults'.
-        let defaults = index.map_or_else(crate::registry::Settings::unknown_type, |i| {
+        let defaults = index.map_or_else(crate::store::registry::Settings::unknown_type, |i| {
             self.registry.entry(i).settings()
         });
         let settings = rows::settings_of(defaults, row, 8);
@@ -1077,7 +1079,7 @@ fn insert_task(
     tx: &mut impl Sql,
     queue: u64,
     task: &Insert<'_>,
-    dependencies: &[crate::task::Dependency],
+    dependencies: &[crate::model::task::Dependency],
 ) -> Result<Result<(i64, bool, &'static str), SubmitErrorKind>, postgres::Error> {
     if let Some(key) = task.key {
         let existing = tx.query_opt(
@@ -1976,8 +1978,12 @@ impl Store for PgStore {
         };
         let lease = self.local.lock().running.get(&seq).map(|h| h.lease);
         if let Some(lease) = lease {
-            let failure =
-                crate::task::Failure::new(crate::task::FailureReason::Panicked, 0, message, None);
+            let failure = crate::model::state::Failure::new(
+                crate::model::state::FailureReason::Panicked,
+                0,
+                message,
+                None,
+            );
             let now = self.manual_now_us();
             self.finish(seq, lease, dispatch::Ending::Failed(failure), now);
         }
@@ -2354,7 +2360,7 @@ impl PgStore {
     }
 }
 
-impl crate::clock::Wake for PgStore {
+impl crate::model::clock::Wake for PgStore {
     /// A manual clock moved: tasks may have come due, and a shutdown's deadline may have
     /// passed.
     fn wake(&self) {

@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::registry::Settings;
-use crate::retry::RetryPolicy;
-use crate::task::{CancelReason, Failure, FailureReason, TaskId, TaskState};
+use crate::model::id::TaskId;
+use crate::model::retry::RetryPolicy;
+use crate::model::state::{CancelReason, Failure, FailureReason, TaskState};
+use crate::store::registry::Settings;
 
 /// The state of a row: its `status`, and for a ready row whether it is due.
 pub(crate) fn state_of(status: &str, due: bool) -> TaskState {

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use crate::stats::{Stats, TypeStats};
+use crate::observe::stats::{Stats, TypeStats};
 
 use super::{PgStore, rows};
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::clock::{Clock, Wake};
+use crate::model::clock::{Clock, Wake};
 use crate::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering, Weak};
 
 /// A cooperative cancellation token: set when the task is cancelled or the pool's shutdown

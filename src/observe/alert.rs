@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::stats::{Stats, TypeStats};
+use crate::observe::stats::{Stats, TypeStats};
 
 /// A backlog threshold, given to [`Builder::alert`](crate::Builder::alert). The pool checks its
 /// alerts every [`Builder::monitor_interval`](crate::Builder::monitor_interval) and reports

@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 
-use crate::task::TaskId;
+use crate::model::id::TaskId;
 
 crate::sync::thread_local! {
     // Not `const`-initialised: loom's `thread_local!` does not take that form.

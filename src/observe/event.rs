@@ -3,9 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::alert::{Alert, AlertValue};
-use crate::breaker::BreakerState;
-use crate::task::{FailureReason, TaskId};
+use crate::gates::breaker::BreakerState;
+use crate::model::id::TaskId;
+use crate::model::state::FailureReason;
+use crate::observe::alert::{Alert, AlertValue};
 
 /// Something an operator should hear about, given to the hooks of
 /// [`Builder::on_event`](crate::Builder::on_event).

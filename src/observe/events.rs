@@ -12,9 +12,10 @@
 use std::fmt;
 use std::sync::mpsc;
 
-use crate::event::Event;
+use crate::model::id::TaskId;
+use crate::model::state::{Failure, FailureReason};
+use crate::observe::event::Event;
 use crate::sync::{self, Arc, AtomicU64, Condvar, Mutex, Ordering};
-use crate::task::{Failure, FailureReason, TaskId};
 use crate::unwind;
 
 /// A hook: called with each event, on the dispatcher thread.
@@ -118,7 +119,7 @@ impl Events {
 
     /// Whether anyone listens: a caller may skip building an event's text otherwise.
     pub(crate) fn listening(&self) -> bool {
-        self.shared.hooks || crate::trace::enabled()
+        self.shared.hooks || crate::observe::trace::enabled()
     }
 
     /// Queues an event for the hooks and the `tracing` subscriber; the dispatcher delivers it,
@@ -204,7 +205,7 @@ fn dispatch(rx: &mpsc::Receiver<Message>, mut hooks: Vec<Hook>, shared: &Shared)
     let _exit = DispatcherExit(shared);
     while let Ok(Message::Event(event)) = rx.recv() {
         // The subscriber is user code too.
-        let _ = unwind::catch(|| crate::trace::event(&event));
+        let _ = unwind::catch(|| crate::observe::trace::event(&event));
         for hook in &mut hooks {
             // A hook's panic is its own: the others still hear of the event, and later events
             // still come.

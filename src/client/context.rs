@@ -4,12 +4,14 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::cancel::{CancelToken, Cancelled};
-use crate::error::{CancelError, SubmitError};
-use crate::handle::TaskHandle;
+use crate::client::handle::TaskHandle;
+use crate::model::cancel::{CancelToken, Cancelled};
+use crate::model::error::{CancelError, SubmitError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, TaskState};
+use crate::model::task::{Task, TaskType};
 use crate::store::Store;
 use crate::sync::Arc;
-use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
 
 /// The context a handler runs in.
 ///
@@ -140,7 +142,7 @@ impl<'a> Context<'a> {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        crate::submit::submit(self.pool, task)
+        crate::client::submit::submit(self.pool, task)
     }
 
     /// Cancels a task of this handler's pool, as [`Pool::cancel`](crate::Pool::cancel) does.
@@ -217,7 +219,7 @@ impl<'a> Context<'a> {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<TaskHandle<O>> {
-        crate::submit::handle(self.pool, ty, id)
+        crate::client::submit::handle(self.pool, ty, id)
     }
 
     /// Gives the token back to the worker, which may reuse it for its next task.

@@ -5,12 +5,14 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use crate::completion::{Completion, Finished};
-use crate::error::{CancelError, TaskError};
+use crate::client::current;
+use crate::model::completion::{Completion, Finished};
+use crate::model::error::{CancelError, TaskError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, CancelReason, Failure, TaskState};
+use crate::model::task::Dependency;
 use crate::store::{Store, StoreHub};
 use crate::sync::{Arc, Mutex};
-use crate::task::{CancelOutcome, CancelReason, Dependency, Failure, TaskId, TaskState};
-use crate::current;
 
 /// How a task ended.
 ///
@@ -596,7 +598,10 @@ impl<O> Drop for TaskHandle<O> {
     fn drop(&mut self) {
         match self.completion.get_mut().take() {
             Some(completion) => crate::unwind::drop_quietly(completion),
-            None => crate::unwind::drop_quietly(self.hub.handle_dropped(self.id.seq(), |store| store.take_in_dropped())),
+            None => crate::unwind::drop_quietly(
+                self.hub
+                    .handle_dropped(self.id.seq(), |store| store.take_in_dropped()),
+            ),
         }
     }
 }

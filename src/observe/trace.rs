@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use crate::event::Event;
-use crate::task::TaskId;
+use crate::model::id::TaskId;
+use crate::observe::event::Event;
 
 /// A run's span, entered for as long as the value lives.
 pub(crate) struct RunSpan {
@@ -119,7 +119,7 @@ pub(crate) fn event(event: &Event) {
             "handler stuck past its timeout"
         ),
         Event::Breaker { downstream, state } => match state {
-            crate::breaker::BreakerState::Closed => {
+            crate::gates::breaker::BreakerState::Closed => {
                 tracing::info!(target: "tasq", downstream, %state, "circuit breaker changed")
             }
             _ => tracing::warn!(target: "tasq", downstream, %state, "circuit breaker changed"),

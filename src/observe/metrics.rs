@@ -5,9 +5,9 @@
 use std::fmt::{self, Write as _};
 use std::time::{Duration, Instant};
 
-use crate::stats::{Stats, TypeStats};
+use crate::model::state::FailureReason;
+use crate::observe::stats::{Stats, TypeStats};
 use crate::sync::{AtomicU64, Ordering};
-use crate::task::FailureReason;
 
 /// The run-time histogram's bucket bounds, in seconds (the last bucket is unbounded).
 pub const RUN_TIME_BUCKETS: [f64; 14] = [

@@ -4,8 +4,8 @@
 use std::any::Any;
 use std::time::Instant;
 
+use crate::model::state::{CancelReason, Failure, TaskState};
 use crate::sync::{Arc, AtomicUsize, Condvar, Mutex, Ordering};
-use crate::task::{CancelReason, Failure, TaskState};
 
 /// A task's outcome as a store publishes it: the output is type-erased until a handle reads it.
 pub(crate) enum Finished {

@@ -2,11 +2,12 @@
 //! [`Context`](crate::Context): a typed task goes into a store as a [`Submission`], and a
 //! typed handle comes back.
 
-use crate::error::{SubmitError, SubmitErrorKind};
-use crate::handle::TaskHandle;
+use crate::client::handle::TaskHandle;
+use crate::model::error::{SubmitError, SubmitErrorKind};
+use crate::model::id::TaskId;
+use crate::model::task::{Task, TaskType};
 use crate::store::{Store, Submission};
 use crate::sync::Arc;
-use crate::task::{Task, TaskId, TaskType};
 use crate::unwind;
 
 /// See [`Pool::submit`](crate::Pool::submit).
@@ -25,7 +26,7 @@ where
     let (name, priority) = (task.ty.name(), task.priority);
     let submitted = send(store, task, |submission| store.submit(submission))?;
     if !submitted.duplicate {
-        crate::trace::submitted(submitted.id, name, priority);
+        crate::observe::trace::submitted(submitted.id, name, priority);
     }
     Ok(TaskHandle::new(
         submitted.id,

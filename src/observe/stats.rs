@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::breaker::BreakerState;
-use crate::task::{TaskId, TaskState};
+use crate::gates::breaker::BreakerState;
+use crate::model::id::TaskId;
+use crate::model::state::TaskState;
 
 /// A snapshot of a pool, taken under its lock in time proportional to the number of priorities
 /// in use.

@@ -8,12 +8,12 @@ use std::fmt;
 
 use std::time::Duration;
 
-use crate::aging::Aging;
-use crate::breaker::Breaker;
-use crate::error::SubmitErrorKind;
-use crate::limit::RateLimit;
-use crate::retry::RetryPolicy;
-use crate::task::TaskType;
+use crate::gates::aging::Aging;
+use crate::gates::breaker::Breaker;
+use crate::gates::limit::RateLimit;
+use crate::model::error::SubmitErrorKind;
+use crate::model::retry::RetryPolicy;
+use crate::model::task::TaskType;
 
 /// A task's own settings: fixed when it is submitted (from its type's declaration in the
 /// submitting pool, or the task's own [`Task`](crate::Task) setters), kept with the task, and
@@ -62,7 +62,7 @@ pub(crate) struct Entry {
     pub(crate) rate: Option<RateLimit>,
     /// How a durable store turns the payload and output into JSON and back.
     #[cfg(feature = "postgres")]
-    pub(crate) codec: Option<crate::codec::Codec>,
+    pub(crate) codec: Option<crate::model::codec::Codec>,
 }
 
 impl Entry {
@@ -77,7 +77,10 @@ impl Entry {
 
     /// The settings of a task of this type submitted with `own`: its own where it has them, the
     /// type's elsewhere; or why its own are refused.
-    pub(crate) fn settings_for(&self, own: &crate::task::Own) -> Result<Settings, SubmitErrorKind> {
+    pub(crate) fn settings_for(
+        &self,
+        own: &crate::model::task::Own,
+    ) -> Result<Settings, SubmitErrorKind> {
         let invalid = |setting, problem| SubmitErrorKind::InvalidSetting { setting, problem };
         let too_long = "is too long to add to the current time";
         let mut settings = self.settings();

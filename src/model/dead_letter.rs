@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use crate::task::{Failure, TaskId};
+use crate::model::id::TaskId;
+use crate::model::state::Failure;
 
 /// A task that failed: a permanent error, a panic, or its attempts exhausted.
 ///

@@ -6,16 +6,18 @@ use std::cell::Cell;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::context::Context;
-use crate::current::Running;
-use crate::handlers::{ErasedHandler, Handlers};
-use crate::metrics::RunEnd;
-use crate::monitor::Monitor;
-use crate::registry::{Entry, Settings};
+use crate::client::context::Context;
+use crate::client::current::Running;
+use crate::model::id::TaskId;
+use crate::model::state::{Failure, FailureReason};
+use crate::observe::metrics::RunEnd;
+use crate::observe::trace;
+use crate::runtime::handlers::{ErasedHandler, Handlers};
+use crate::runtime::monitor::Monitor;
+use crate::store::registry::{Entry, Settings};
 use crate::store::{Claim, RunOutcome, Store};
 use crate::sync::{self, Arc, JoinHandle};
-use crate::task::{Failure, FailureReason, TaskId};
-use crate::{trace, unwind};
+use crate::unwind;
 
 /// How the worker threads are started.
 pub(crate) struct Threads {
@@ -298,7 +300,11 @@ fn past_timeout<R: Rng>(
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use crate::{FailureReason, HandlerError, Outcome, Pool, TaskType};
+    use crate::FailureReason;
+    use crate::HandlerError;
+    use crate::Outcome;
+    use crate::Pool;
+    use crate::TaskType;
 
     /// Set by a test: the next worker to claim a task panics in engine code, as a bug would.
     static INJECT: AtomicBool = AtomicBool::new(false);

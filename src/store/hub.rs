@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use crate::completion::Completion;
+use crate::model::completion::Completion;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, Queue, Weak};
 use crate::unwind;
 
@@ -86,7 +86,11 @@ impl<S: ?Sized> Hub<S> {
     /// lives, except once per [`TAKE_IN_AT`] drops not taken in: see the module docs). Once
     /// the store is gone, the outcome kept for the handle, for the caller to drop outside any
     /// lock. `take_in` is the store's way to take the drops in (see the module docs).
-    pub(crate) fn handle_dropped(&self, seq: u64, take_in: impl FnOnce(&S)) -> Option<Arc<Completion>> {
+    pub(crate) fn handle_dropped(
+        &self,
+        seq: u64,
+        take_in: impl FnOnce(&S),
+    ) -> Option<Arc<Completion>> {
         self.dropped.push(seq);
         if self.is_sealed.load(Ordering::SeqCst) {
             return self.take_kept(seq);

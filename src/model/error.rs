@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::task::{CancelReason, Failure, TaskId, TaskState};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelReason, Failure, TaskState};
 
 /// Why [`Builder::build`](crate::Builder::build) refused to build a pool.
 ///

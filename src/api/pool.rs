@@ -4,16 +4,19 @@ use std::any::Any;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::dead_letter::DeadLetter;
-use crate::error::{CancelError, ResubmitError, StatsError, SubmitError, WaitError};
-use crate::handle::{Resubmitted, TaskHandle};
-use crate::metrics::Metrics;
-use crate::monitor::Monitor;
-use crate::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, TypeStats};
+use crate::client::current;
+use crate::client::handle::{Resubmitted, TaskHandle};
+use crate::model::dead_letter::DeadLetter;
+use crate::model::error::{CancelError, ResubmitError, StatsError, SubmitError, WaitError};
+use crate::model::id::TaskId;
+use crate::model::state::{CancelOutcome, TaskState};
+use crate::model::task::{Task, TaskType};
+use crate::observe::metrics::Metrics;
+use crate::observe::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, TypeStats};
+use crate::runtime::monitor::Monitor;
 use crate::store::Store;
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
-use crate::task::{CancelOutcome, Task, TaskId, TaskState, TaskType};
-use crate::{current, unwind};
+use crate::unwind;
 
 /// A pool of worker threads running tasks from a priority queue, with retries, dead letters,
 /// dependencies, cancellation and graceful shutdown.
@@ -108,7 +111,7 @@ impl Pool {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        crate::submit::submit(&self.store, task)
+        crate::client::submit::submit(&self.store, task)
     }
 
     /// Submits many tasks of one type at once: under one lock on the embedded store, in one
@@ -154,7 +157,7 @@ impl Pool {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        crate::submit::submit_batch(&self.store, tasks)
+        crate::client::submit::submit_batch(&self.store, tasks)
     }
 
     /// Submits a task inside the caller's open PostgreSQL transaction (feature `postgres`): the
@@ -201,7 +204,7 @@ impl Pool {
         P: Send + 'static,
         O: Send + Sync + 'static,
     {
-        crate::submit::submit_in(&self.store, tx, task)
+        crate::client::submit::submit_in(&self.store, tx, task)
     }
 
     /// Cancels a task. One that has not started (blocked, scheduled, ready, or waiting to retry)
@@ -228,7 +231,7 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
-        crate::trace::cancelled(id);
+        crate::observe::trace::cancelled(id);
         self.store.cancel(id)
     }
 
@@ -283,7 +286,7 @@ impl Pool {
     /// ```
     pub fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
         let (id, outcome) = self.store.cancel_key(key)?;
-        crate::trace::cancelled(id);
+        crate::observe::trace::cancelled(id);
         Ok((id, outcome))
     }
 
@@ -388,7 +391,7 @@ impl Pool {
         ty: TaskType<P, O>,
         id: TaskId,
     ) -> Option<TaskHandle<O>> {
-        crate::submit::handle(&self.store, ty, id)
+        crate::client::submit::handle(&self.store, ty, id)
     }
 
     /// This pool's id: the first half of every [`TaskId`] it gives, unique within the process.
@@ -929,7 +932,7 @@ impl Pool {
     /// ```
     pub fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let started = Instant::now();
-        crate::trace::shutdown(timeout);
+        crate::observe::trace::shutdown(timeout);
         let deadline = self.store.clock().deadline_after(timeout);
         // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
         // (another handler may be in shutdown too, waiting for this one's thread).

@@ -3,25 +3,25 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::aging::Aging;
-use crate::alert::{Alert, AlertScope};
-use crate::breaker::Breaker;
-use crate::clock::{Clock, ManualClock};
-use crate::context::Context;
-use crate::error::BuildError;
-use crate::event::Event;
-use crate::events::Hook;
-use crate::limit::RateLimit;
-use crate::monitor::{Monitor, Watch};
-use crate::pool::Pool;
-use crate::handlers::{self, ErasedHandler, Handlers};
-use crate::registry::{Entry, Registry};
-use crate::retry::{HandlerError, RetryPolicy};
+use crate::api::pool::Pool;
+use crate::client::context::Context;
+use crate::gates::aging::Aging;
+use crate::gates::breaker::Breaker;
+use crate::gates::limit::RateLimit;
+use crate::model::clock::{Clock, ManualClock};
+use crate::model::error::BuildError;
+use crate::model::retry::{HandlerError, RetryPolicy};
+use crate::model::task::TaskType;
+use crate::observe::alert::{Alert, AlertScope};
+use crate::observe::event::Event;
+use crate::observe::events::Hook;
+use crate::runtime::handlers::{self, ErasedHandler, Handlers};
+use crate::runtime::monitor::{Monitor, Watch};
+use crate::runtime::worker;
 use crate::store::Store;
 use crate::store::memory::{MemoryStore, Retention};
+use crate::store::registry::{Entry, Registry};
 use crate::sync::Arc;
-use crate::task::TaskType;
-use crate::worker;
 
 /// Options for one task type, given to [`Builder::register_with`]. Unset options fall back to
 /// the pool's ([`Builder::max_attempts`], [`Builder::retry_policy`]).
@@ -395,7 +395,11 @@ impl Builder<Embedded> {
         O: Send + Sync + 'static,
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
-        self.push(Entry::new(ty, true), Some(handlers::erase(handler)), options);
+        self.push(
+            Entry::new(ty, true),
+            Some(handlers::erase(handler)),
+            options,
+        );
         self
     }
 
@@ -537,7 +541,7 @@ impl Builder<crate::store::postgres::Postgres> {
         F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
     {
         let mut entry = Entry::new(ty, true);
-        entry.codec = Some(crate::codec::Codec::of::<P, O>());
+        entry.codec = Some(crate::model::codec::Codec::of::<P, O>());
         self.push(entry, Some(handlers::erase(handler)), options);
         self
     }
@@ -579,7 +583,7 @@ impl Builder<crate::store::postgres::Postgres> {
         O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
     {
         let mut entry = Entry::new(ty, false);
-        entry.codec = Some(crate::codec::Codec::of::<P, O>());
+        entry.codec = Some(crate::model::codec::Codec::of::<P, O>());
         self.push(entry, None, options);
         self
     }

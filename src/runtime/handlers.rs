@@ -5,8 +5,8 @@
 
 use std::any::Any;
 
-use crate::context::Context;
-use crate::retry::HandlerError;
+use crate::client::context::Context;
+use crate::model::retry::HandlerError;
 use crate::unwind;
 
 /// A handler with its payload and output types erased.

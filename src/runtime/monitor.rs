@@ -13,17 +13,17 @@ use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::alert::{Alert, Alerts};
-use crate::cancel::CancelToken;
-use crate::clock::{Clock, Wake};
-use crate::event::Event;
-use crate::events::{Events, Hook};
-use crate::metrics::RunMetrics;
-use crate::registry::Registry;
+use crate::model::cancel::CancelToken;
+use crate::model::clock::{Clock, Wake};
+use crate::model::id::TaskId;
+use crate::observe::alert::{Alert, Alerts};
+use crate::observe::event::Event;
+use crate::observe::events::{Events, Hook};
+use crate::observe::metrics::RunMetrics;
+use crate::observe::trace;
 use crate::store::Store;
+use crate::store::registry::Registry;
 use crate::sync::{self, Arc, Condvar, JoinHandle, Mutex, Weak};
-use crate::task::TaskId;
-use crate::trace;
 
 /// The monitor's settings, checked by the builder.
 pub(crate) struct Watch {
@@ -311,7 +311,7 @@ impl State {
             };
             if !run.fired {
                 run.fired = true;
-                run.token.fire(crate::cancel::Interrupt::TimedOut);
+                run.token.fire(crate::model::cancel::Interrupt::TimedOut);
                 fired.push((run.id, run.timeout));
                 let grace_end = run
                     .started

@@ -1,0 +1,7 @@
+//! The pool's public face: the [`Builder`](crate::Builder) that checks the settings, picks the
+//! store and starts the runtime, and the [`Pool`](crate::Pool) that owns them afterwards.
+//!
+//! The top layer: it may import every other one, and nothing imports it.
+
+pub(crate) mod builder;
+pub(crate) mod pool;

@@ -1,0 +1,12 @@
+//! What a pool tells the people who run it: events and their delivery to hooks, `tracing`,
+//! run metrics (and their Prometheus text), backlog alerts, and the stats snapshots.
+//!
+//! The stores emit events and count runs, so this layer sits below them: it may import
+//! `model/` and `gates/` (a breaker's state is reported), never the stores or anything above.
+
+pub(crate) mod alert;
+pub(crate) mod event;
+pub(crate) mod events;
+pub(crate) mod metrics;
+pub(crate) mod stats;
+pub(crate) mod trace;
