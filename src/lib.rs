@@ -69,8 +69,9 @@ mod observe;
 mod runtime;
 mod store;
 
-pub use api::builder::{Builder, Embedded, TypeOptions};
+pub use api::builder::{Builder, Embedded};
 pub use api::pool::Pool;
+pub use api::type_options::TypeOptions;
 pub use client::context::Context;
 pub use client::handle::{Outcome, Resubmitted, TaskHandle};
 #[cfg(feature = "postgres")]

@@ -4,10 +4,10 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::api::pool::Pool;
+use crate::api::type_options::TypeOptions;
 use crate::client::context::Context;
 use crate::gates::aging::Aging;
 use crate::gates::breaker::Breaker;
-use crate::gates::limit::RateLimit;
 use crate::model::clock::{Clock, ManualClock};
 use crate::model::error::BuildError;
 use crate::model::retry::{HandlerError, RetryPolicy};
@@ -22,163 +22,6 @@ use crate::store::Store;
 use crate::store::memory::{MemoryStore, Retention};
 use crate::store::registry::{Entry, Registry};
 use crate::sync::Arc;
-
-/// Options for one task type, given to [`Builder::register_with`]. Unset options fall back to
-/// the pool's ([`Builder::max_attempts`], [`Builder::retry_policy`]).
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use tasq::{RetryPolicy, TypeOptions};
-///
-/// let options = TypeOptions::new()
-///     .max_attempts(10)
-///     .retry_policy(RetryPolicy::exponential(Duration::from_secs(1), Duration::from_secs(60)));
-/// # let _ = options;
-/// ```
-#[derive(Clone, Copy, Debug, Default)]
-#[must_use = "options do nothing until passed to `Builder::register_with`"]
-pub struct TypeOptions {
-    max_attempts: Option<u32>,
-    retry: Option<RetryPolicy>,
-    timeout: Option<Duration>,
-    downstream: Option<&'static str>,
-    concurrency: Option<u32>,
-    rate: Option<RateLimit>,
-}
-
-impl TypeOptions {
-    /// Options that all fall back to the pool's.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let options = tasq::TypeOptions::new();
-    /// # let _ = options;
-    /// ```
-    pub const fn new() -> Self {
-        TypeOptions {
-            max_attempts: None,
-            retry: None,
-            timeout: None,
-            downstream: None,
-            concurrency: None,
-            rate: None,
-        }
-    }
-
-    /// How many times a task of this type may run (the first run included). Must be at least 1.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let once = tasq::TypeOptions::new().max_attempts(1);
-    /// # let _ = once;
-    /// ```
-    pub const fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = Some(attempts);
-        self
-    }
-
-    /// The backoff between this type's attempts.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let fast = tasq::TypeOptions::new()
-    ///     .retry_policy(tasq::RetryPolicy::exponential(Duration::from_millis(1), Duration::from_millis(50)));
-    /// # let _ = fast;
-    /// ```
-    pub const fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.retry = Some(policy);
-        self
-    }
-
-    /// How long one run of this type may take. At the timeout the run's token fires
-    /// ([`Context::is_cancelled`], [`CancelToken::sleep`](crate::CancelToken::sleep)). A run
-    /// that lasts its timeout or longer (on the pool's clock) counts as a retryable failure
-    /// whatever the handler returns, even if it returned before the token could be fired, and
-    /// once no attempt is left the task is a dead letter with
-    /// [`FailureReason::TimedOut`](crate::FailureReason::TimedOut). A panic stays a panic.
-    ///
-    /// A thread cannot be killed: a handler that ignores its token keeps its worker until it
-    /// returns. One still running [`Builder::stuck_after`] past its timeout is reported as stuck
-    /// ([`Event::Stuck`], [`Stats::stuck`](crate::Stats::stuck)). Zero makes
-    /// the build fail with [`BuildError::InvalidSetting`]. Defaults to no timeout.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tasq::{FailureReason, HandlerError, Outcome, Pool, TaskType, TypeOptions};
-    ///
-    /// const SLOW: TaskType<(), ()> = TaskType::new("slow");
-    /// let pool = Pool::builder()
-    ///     .workers(1)
-    ///     .register_with(SLOW, TypeOptions::new().timeout(Duration::from_millis(10)).max_attempts(1), |ctx, _: &()| {
-    ///         ctx.token().wait(); // until the timeout fires the token
-    ///         Ok::<_, HandlerError>(())
-    ///     })
-    ///     .build()?;
-    /// match pool.submit(SLOW.task(()))?.wait() {
-    ///     Outcome::Failed(failure) => assert_eq!(failure.reason, FailureReason::TimedOut),
-    ///     other => panic!("{other:?}"),
-    /// }
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub const fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// The downstream this type's handler calls (a service, a database), whose circuit
-    /// breaker ([`Builder::breaker`]) holds the type's tasks back while it is open. Several
-    /// types may name one downstream. A name without a breaker makes the build fail with
-    /// [`BuildError::InvalidSetting`]. Defaults to none.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let options = tasq::TypeOptions::new().downstream("payments");
-    /// # let _ = options;
-    /// ```
-    pub const fn downstream(mut self, name: &'static str) -> Self {
-        self.downstream = Some(name);
-        self
-    }
-
-    /// At most `tasks` of this type run at once (in this pool; on the durable store, in every
-    /// pool on the database). The others wait ready, burning no attempt. Zero makes the build
-    /// fail with [`BuildError::InvalidSetting`]. Defaults to no limit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let options = tasq::TypeOptions::new().concurrency_limit(2);
-    /// # let _ = options;
-    /// ```
-    pub const fn concurrency_limit(mut self, tasks: u32) -> Self {
-        self.concurrency = Some(tasks);
-        self
-    }
-
-    /// How fast this type's tasks may start (in this pool; on the durable store, in every pool
-    /// on the database, metered as claims: see [`RateLimit`]). The others wait ready, burning
-    /// no attempt. Defaults to no limit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let options = tasq::TypeOptions::new().rate_limit(tasq::RateLimit::per_second(50.0));
-    /// # let _ = options;
-    /// ```
-    pub const fn rate_limit(mut self, limit: RateLimit) -> Self {
-        self.rate = Some(limit);
-        self
-    }
-}
 
 /// The settings that watch over a pool: hooks, alerts, breakers, aging and the monitor.
 pub(crate) struct Oversight {
@@ -217,7 +60,7 @@ impl fmt::Debug for Oversight {
 }
 
 /// A handler waiting for the pool's defaults to be known.
-struct Pending {
+pub(super) struct Pending {
     entry: Entry,
     /// `None` for a type declared without one.
     handler: Option<ErasedHandler>,
@@ -249,26 +92,26 @@ struct Pending {
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder<S = Embedded> {
-    workers: Option<usize>,
-    max_attempts: u32,
-    retry: RetryPolicy,
-    pending: Vec<Pending>,
-    duplicate: Option<&'static str>,
-    retention: Retention,
+    pub(super) workers: Option<usize>,
+    pub(super) max_attempts: u32,
+    pub(super) retry: RetryPolicy,
+    pub(super) pending: Vec<Pending>,
+    pub(super) duplicate: Option<&'static str>,
+    pub(super) retention: Retention,
     /// `retention` or `dead_letter_limit` was called: refused by a durable pool, whose policy is
     /// the schema's (`postgres::set_policy`).
-    retention_set: bool,
-    clock: Clock,
-    seed: Option<u64>,
-    thread_name: String,
-    stack_size: Option<usize>,
-    quiet_panics: bool,
+    pub(super) retention_set: bool,
+    pub(super) clock: Clock,
+    pub(super) seed: Option<u64>,
+    pub(super) thread_name: String,
+    pub(super) stack_size: Option<usize>,
+    pub(super) quiet_panics: bool,
     /// Run on each worker thread before its first claim, and after its last.
-    worker_start: Option<worker::WorkerHook>,
-    worker_exit: Option<worker::WorkerHook>,
-    oversight: Oversight,
+    pub(super) worker_start: Option<worker::WorkerHook>,
+    pub(super) worker_exit: Option<worker::WorkerHook>,
+    pub(super) oversight: Oversight,
     /// Which store the pool keeps its tasks in, and that store's own settings.
-    store: S,
+    pub(super) store: S,
 }
 
 /// The store of a [`Builder`] that keeps its tasks in memory, in this process: the default.
@@ -448,289 +291,6 @@ impl Builder<Embedded> {
     }
 }
 
-#[cfg(feature = "postgres")]
-impl Builder<Embedded> {
-    /// Keeps the pool's tasks in PostgreSQL instead of memory (feature `postgres`): a durable
-    /// pool, whose tasks survive the process and are shared by every pool built on the same
-    /// database, in any number of processes. `url` is a connection string (`host=... user=...
-    /// dbname=...` or `postgresql://...`). Call it before registering task types: a durable
-    /// type's payload and output must be serde values (they are stored as JSONB).
-    ///
-    /// Run [`postgres::migrate`](crate::postgres::migrate) once first.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use tasq::{HandlerError, Pool, TaskType};
-    ///
-    /// const EMAIL: TaskType<String, ()> = TaskType::new("email");
-    /// let url = "host=127.0.0.1 user=postgres dbname=test";
-    /// tasq::postgres::migrate(url)?;
-    /// let pool = Pool::builder()
-    ///     .postgres(url)
-    ///     .workers(4)
-    ///     .register(EMAIL, |_, to: &String| Ok::<_, HandlerError>(println!("mail {to}")))
-    ///     .build()?;
-    /// pool.submit(EMAIL.task("ann@example.com".into()))?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn postgres(self, url: impl Into<String>) -> Builder<crate::store::postgres::Postgres> {
-        Builder {
-            workers: self.workers,
-            max_attempts: self.max_attempts,
-            retry: self.retry,
-            pending: self.pending,
-            duplicate: self.duplicate,
-            retention: self.retention,
-            retention_set: self.retention_set,
-            clock: self.clock,
-            seed: self.seed,
-            thread_name: self.thread_name,
-            stack_size: self.stack_size,
-            quiet_panics: self.quiet_panics,
-            worker_start: self.worker_start,
-            worker_exit: self.worker_exit,
-            oversight: self.oversight,
-            store: crate::store::postgres::Postgres::new(url.into()),
-        }
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Builder<crate::store::postgres::Postgres> {
-    /// Registers the handler of durable task type `ty`, with the pool's default options. As
-    /// [`Builder::register`], with serde payloads and outputs.
-    ///
-    /// # Examples
-    ///
-    /// See [`Builder::postgres`].
-    pub fn register<P, O, F>(self, ty: TaskType<P, O>, handler: F) -> Self
-    where
-        P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
-        O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
-        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
-    {
-        self.register_with(ty, TypeOptions::default(), handler)
-    }
-
-    /// Registers the handler of durable task type `ty` with its own options. As
-    /// [`Builder::register_with`], with serde payloads and outputs.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use tasq::{HandlerError, Pool, TaskType, TypeOptions};
-    /// const RESIZE: TaskType<(u32, u32), u64> = TaskType::new("resize");
-    /// let pool = Pool::builder()
-    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
-    ///     .register_with(RESIZE, TypeOptions::new().max_attempts(5), |_, &(w, h): &(u32, u32)| {
-    ///         Ok::<_, HandlerError>(u64::from(w) * u64::from(h))
-    ///     })
-    ///     .build()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn register_with<P, O, F>(
-        mut self,
-        ty: TaskType<P, O>,
-        options: TypeOptions,
-        handler: F,
-    ) -> Self
-    where
-        P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
-        O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
-        F: Fn(&Context, &P) -> Result<O, HandlerError> + Send + Sync + 'static,
-    {
-        let mut entry = Entry::new(ty, true);
-        entry.codec = Some(crate::model::codec::Codec::of::<P, O>());
-        self.push(entry, Some(handlers::erase(handler)), options);
-        self
-    }
-
-    /// Declares durable task type `ty` with its options, without a handler: this pool may submit
-    /// its tasks (a producer, a web process, an ops tool) and never runs them. A task's settings
-    /// (attempts, retry policy, timeout) are fixed by the pool that submits it, from the type as
-    /// that pool declares or registers it, and every worker process obeys them: declare a type
-    /// with the same options its workers register it with (one shared `TypeOptions` constant is
-    /// the simplest way), or give a task its own with [`Task::max_attempts`](crate::Task::max_attempts)
-    /// and its siblings. [`TaskInfo`](crate::TaskInfo) shows the settings a task got. A pool
-    /// built with other options for a type than the last pool built with it on the schema
-    /// reports each difference when it is built
-    /// ([`crate::Event::DeclarationMismatch`]).
-    ///
-    /// Declaring a name that is also registered makes [`build`](Builder::build) fail with
-    /// [`BuildError::DuplicateType`].
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use tasq::{Pool, TaskType, TypeOptions};
-    ///
-    /// const EMAIL: TaskType<String, ()> = TaskType::new("email");
-    /// // Shared by the producer and the workers: one truth for the type's settings.
-    /// const EMAIL_OPTIONS: TypeOptions = TypeOptions::new().max_attempts(8);
-    /// let producer = Pool::builder()
-    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
-    ///     .workers(0)
-    ///     .declare(EMAIL, EMAIL_OPTIONS)
-    ///     .build()?;
-    /// let handle = producer.submit(EMAIL.task("ann@example.com".into()))?;
-    /// assert_eq!(producer.info(handle.id()).unwrap().max_attempts, 8);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn declare<P, O>(mut self, ty: TaskType<P, O>, options: TypeOptions) -> Self
-    where
-        P: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
-        O: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
-    {
-        let mut entry = Entry::new(ty, false);
-        entry.codec = Some(crate::model::codec::Codec::of::<P, O>());
-        self.push(entry, None, options);
-        self
-    }
-
-    /// How long a claim's lease lasts before the reaper may give the task to another worker,
-    /// if the worker running it stops extending it (its process died or stalled). A running
-    /// task's lease is extended every third of this. Defaults to 30 seconds.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let builder = tasq::Pool::builder()
-    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
-    ///     .lease(std::time::Duration::from_secs(10));
-    /// # let _ = builder;
-    /// ```
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.store.lease = lease;
-        self
-    }
-
-    /// How often the pool looks for work, cancels and outcomes without being notified: the
-    /// fallback for a lost notification or a dropped connection. Defaults to 500 ms.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let builder = tasq::Pool::builder()
-    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
-    ///     .poll_interval(std::time::Duration::from_millis(200));
-    /// # let _ = builder;
-    /// ```
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.store.poll_interval = interval;
-        self
-    }
-
-    /// How many tasks the pool may claim beyond its free workers, held leased in this process
-    /// until a worker takes them. Claims then go in batches of about this many instead of one
-    /// per freed worker: fewer round trips for short tasks, at the price of tasks waiting here
-    /// that an idle pool elsewhere could have run (and, once claimed, a cancel reaches them
-    /// as it reaches a running task: through the token). Defaults to 0: a pool claims only
-    /// what its workers can start at once. A pool without workers never claims.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let builder = tasq::Pool::builder()
-    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
-    ///     .workers(1)
-    ///     .prefetch(9); // claims ten at a time
-    /// # let _ = builder;
-    /// ```
-    pub fn prefetch(mut self, tasks: usize) -> Self {
-        self.store.prefetch = tasks;
-        self
-    }
-
-    /// The schema that holds the queue: its tables, functions and notification channel (which
-    /// derive from it), created by [`postgres::migrate_in`](crate::postgres::migrate_in) with
-    /// the same name. Without it, the connection string's `search_path` decides (by default,
-    /// `public`). Pools in different schemas of one database are separate queues.
-    ///
-    /// The name must read the same quoted or not: 1 to 63 bytes of a-z, 0-9 and `_`, not
-    /// starting with a digit or `pg_`; `build` fails with [`BuildError::InvalidSetting`]
-    /// otherwise.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use tasq::{HandlerError, Pool, TaskType};
-    ///
-    /// const BILL: TaskType<u64, ()> = TaskType::new("bill");
-    /// let url = "host=127.0.0.1 user=postgres dbname=test";
-    /// tasq::postgres::migrate_in(url, "billing")?;
-    /// let pool = Pool::builder()
-    ///     .postgres(url)
-    ///     .schema("billing")
-    ///     .register(BILL, |_, _: &u64| Ok::<_, HandlerError>(()))
-    ///     .build()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn schema(mut self, name: impl Into<String>) -> Self {
-        self.store.schema = Some(name.into());
-        self
-    }
-
-    /// The most database connections the pool opens (besides the one that listens for
-    /// notifications). Defaults to the number of workers plus four.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// let builder = tasq::Pool::builder()
-    ///     .postgres("host=127.0.0.1 user=postgres dbname=test")
-    ///     .connections(8);
-    /// # let _ = builder;
-    /// ```
-    pub fn connections(mut self, connections: u32) -> Self {
-        self.store.connections = Some(connections);
-        self
-    }
-
-    /// Checks the configuration, connects, checks the schema and starts the workers.
-    ///
-    /// # Errors
-    ///
-    /// As [`Builder::build`], except that zero workers is allowed: a pool that only submits
-    /// tasks and waits for them, which pools in other processes run. And
-    /// [`BuildError::Store`] if the database cannot be reached or
-    /// its schema is not this crate's (run [`postgres::migrate`](crate::postgres::migrate)), or
-    /// [`BuildError::NotDurable`] for a type registered before [`Builder::postgres`].
-    ///
-    /// # Examples
-    ///
-    /// See [`Builder::postgres`].
-    pub fn build(self) -> Result<Pool, BuildError> {
-        if self.retention_set {
-            // One truth per schema: a process's own setting would delete what the fleet keeps.
-            return Err(invalid(
-                "retention (and the dead-letter limit)",
-                "a durable pool",
-                "is the schema's policy, the same for every process: set it with \
-                 tasq::postgres::set_policy",
-            ));
-        }
-        let (registry, threads, mut rest) = self.check(true)?;
-        let monitor = Monitor::new(
-            &mut rest.watch,
-            &registry,
-            threads.count,
-            rest.clock.clone(),
-            &threads.name,
-        )
-        .map_err(BuildError::Spawn)?;
-        let timed = registry.entries().iter().any(|e| e.timeout.is_some());
-        let store = crate::store::postgres::PgStore::start(
-            registry,
-            rest.store,
-            threads.count,
-            rest.clock,
-            monitor.events.clone(),
-        )?;
-        start(store, monitor, rest.watch, timed, &threads)
-    }
-}
-
 /// What [`Builder::check`] leaves for the store.
 pub(crate) struct Checked<S> {
     pub(crate) clock: Clock,
@@ -742,7 +302,12 @@ pub(crate) struct Checked<S> {
 
 impl<S> Builder<S> {
     /// Adds a registration; a name registered twice fails the build.
-    fn push(&mut self, entry: Entry, handler: Option<ErasedHandler>, options: TypeOptions) {
+    pub(super) fn push(
+        &mut self,
+        entry: Entry,
+        handler: Option<ErasedHandler>,
+        options: TypeOptions,
+    ) {
         if self.duplicate.is_none() && self.pending.iter().any(|p| p.entry.name == entry.name) {
             self.duplicate = Some(entry.name);
         }
@@ -1329,7 +894,7 @@ fn next_pool_id() -> u64 {
 }
 
 /// Starts the workers and the monitor on a started store, and makes the pool.
-fn start<S: Store + 'static>(
+pub(super) fn start<S: Store + 'static>(
     store: Arc<S>,
     monitor: Arc<Monitor>,
     watch: Watch,
@@ -1348,7 +913,11 @@ fn start<S: Store + 'static>(
 }
 
 /// A setting that makes no sense.
-fn invalid(setting: &'static str, of: &'static str, problem: &'static str) -> BuildError {
+pub(super) fn invalid(
+    setting: &'static str,
+    of: &'static str,
+    problem: &'static str,
+) -> BuildError {
     BuildError::InvalidSetting {
         setting,
         of,

@@ -4,4 +4,8 @@
 //! The top layer: it may import every other one, and nothing imports it.
 
 pub(crate) mod builder;
+mod dead_letters;
+#[cfg(feature = "postgres")]
+mod durable;
 pub(crate) mod pool;
+pub(crate) mod type_options;

@@ -49,6 +49,7 @@ pub(crate) struct Entry {
     /// Whether this pool has a handler for the type: `false` if declared without one
     /// ([`Builder::declare`](crate::Builder::declare)): a pool may submit its tasks, and
     /// never runs them.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) runs_here: bool,
     pub(crate) max_attempts: u32,
     pub(crate) retry: RetryPolicy,

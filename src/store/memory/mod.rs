@@ -85,11 +85,16 @@
 //! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
 
+mod dead_letters;
 mod gate;
 mod ids;
 mod intake;
+mod invariants;
 mod queue;
+mod reads;
 mod record;
+mod retention;
+mod run;
 mod state;
 mod store;
 mod submit;

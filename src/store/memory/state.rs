@@ -70,26 +70,21 @@ use std::any::Any;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::gate::{Gate, Gates, Wakes, ready_since};
+use super::gate::Gates;
 use super::ids::{IdMap, Seq};
 use super::intake::Entry;
 use super::queue::{DelayedQueue, Epoch, ReadyQueue, Stamp};
 use super::record::{Dormant, Effects, Gating, Outcome, Record};
 use crate::gates::aging::Aging;
-use crate::gates::breaker::Verdict;
-use crate::model::cancel::{CancelToken, Interrupt};
-use crate::model::clock::Clock;
-use crate::model::completion::{Completion, Finished};
-use crate::model::dead_letter::DeadLetter;
-use crate::model::error::{CancelError, ResubmitError};
+use crate::model::cancel::CancelToken;
+use crate::model::completion::Completion;
 use crate::model::id::TaskId;
-use crate::model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
+use crate::model::state::{CancelReason, Failure, TaskState};
 use crate::model::task::Dependency;
 use crate::observe::events::Events;
-use crate::observe::stats::{Stats, TaskInfo, Totals, TypeStats};
+use crate::observe::stats::Totals;
 use crate::store::registry::{Registry, Settings};
-use crate::store::{Claim, RunOutcome};
-use crate::sync::{Arc, AtomicU64, Ordering, ThreadId};
+use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// How long terminal records are remembered (for handles' status, keys and dead letters).
 #[derive(Clone, Copy, Debug)]
@@ -102,15 +97,15 @@ pub(crate) struct Retention {
 
 /// Records per non-terminal state (invariant 5).
 #[derive(Default, Clone, Copy)]
-struct Counts {
-    blocked: usize,
-    scheduled: usize,
-    ready: usize,
-    running: usize,
+pub(super) struct Counts {
+    pub(super) blocked: usize,
+    pub(super) scheduled: usize,
+    pub(super) ready: usize,
+    pub(super) running: usize,
 }
 
 impl Counts {
-    fn slot(&mut self, state: TaskState) -> Option<&mut usize> {
+    pub(super) fn slot(&mut self, state: TaskState) -> Option<&mut usize> {
         match state {
             TaskState::Blocked => Some(&mut self.blocked),
             TaskState::Scheduled => Some(&mut self.scheduled),
@@ -120,25 +115,25 @@ impl Counts {
         }
     }
 
-    fn enter(&mut self, state: TaskState) {
+    pub(super) fn enter(&mut self, state: TaskState) {
         if let Some(n) = self.slot(state) {
             *n += 1;
         }
     }
 
-    fn leave(&mut self, state: TaskState) {
+    pub(super) fn leave(&mut self, state: TaskState) {
         if let Some(n) = self.slot(state) {
             *n -= 1;
         }
     }
 
-    fn outstanding(&self) -> usize {
+    pub(super) fn outstanding(&self) -> usize {
         self.blocked + self.scheduled + self.ready + self.running
     }
 }
 
 /// How a task ends.
-enum End {
+pub(super) enum End {
     Succeeded(Box<dyn Any + Send + Sync>),
     Failed(Failure),
     Cancelled(CancelReason),
@@ -170,50 +165,50 @@ pub(crate) struct NewTask {
 
 /// Everything the pool's lock guards.
 pub(crate) struct State {
-    records: IdMap<Record>,
+    pub(super) records: IdMap<Record>,
     /// Plain tasks scheduled for later that nothing has asked about (invariant 1): a delayed
     /// task costs a third of a record until it falls due.
-    dormant: IdMap<Dormant>,
+    pub(super) dormant: IdMap<Dormant>,
     /// The tokens of running tasks (invariant 4), out of the records to keep those small.
-    tokens: IdMap<CancelToken>,
-    epoch: Epoch,
-    ready: ReadyQueue,
-    delayed: DelayedQueue,
+    pub(super) tokens: IdMap<CancelToken>,
+    pub(super) epoch: Epoch,
+    pub(super) ready: ReadyQueue,
+    pub(super) delayed: DelayedQueue,
     /// Idempotency keys of live and succeeded tasks.
-    keys: HashMap<Arc<str>, Seq>,
+    pub(super) keys: HashMap<Arc<str>, Seq>,
     /// Terminal tasks, with when they finished, in that order: retention drops from the front
     /// (without reading the old record to learn its age).
-    finished: VecDeque<(Seq, Stamp)>,
+    pub(super) finished: VecDeque<(Seq, Stamp)>,
     /// Dead letters: failed tasks not yet resubmitted or taken, in id order. Kept past
     /// retention, up to `retention.max_dead_letters`.
-    dead: BTreeSet<Seq>,
+    pub(super) dead: BTreeSet<Seq>,
     /// The outcomes of forgotten tasks whose unread handle lives (invariant 15, see `hub.rs`).
-    orphans: IdMap<Arc<Completion>>,
+    pub(super) orphans: IdMap<Arc<Completion>>,
     /// Tasks still in the intake whose unread handle was dropped already (its drop was taken
     /// in before the task).
-    early_drops: IdMap<()>,
+    pub(super) early_drops: IdMap<()>,
     /// The last clock reading stamped, and its stamp (see [`State::stamp`]).
-    stamp_memo: (Instant, Stamp),
+    pub(super) stamp_memo: (Instant, Stamp),
     /// This pool's id: the first half of every [`TaskId`] it gives.
-    pool: u64,
+    pub(super) pool: u64,
     /// Where dead letters and breaker changes are reported (a channel send: no user code runs
     /// under the lock).
-    events: Events,
+    pub(super) events: Events,
     /// The task types' names, by index.
-    names: Vec<&'static str>,
+    pub(super) names: Vec<&'static str>,
     /// Concurrency limits, rate limits, circuit breakers, and the tasks they hold back.
-    gates: Gates,
+    pub(super) gates: Gates,
     /// How ready tasks age, if they do.
-    aging: Option<Aging>,
+    pub(super) aging: Option<Aging>,
     /// Whether claims go through the gates and aging (some type is gated, or tasks age): the
     /// one check an ungated pool pays per claim.
-    gated: bool,
-    counts: Counts,
-    totals: Totals,
+    pub(super) gated: bool,
+    pub(super) counts: Counts,
+    pub(super) totals: Totals,
     /// Where task ids come from: shared with the intake, whose submits take theirs without the
     /// lock.
-    next_seq: Arc<AtomicU64>,
-    retention: Retention,
+    pub(super) next_seq: Arc<AtomicU64>,
+    pub(super) retention: Retention,
     /// No more tasks are accepted (invariant 7).
     pub(crate) closed: bool,
     /// Workers exit when they come back for work (invariant 7).
@@ -347,14 +342,14 @@ impl State {
     }
 
     /// The record of `id`, if it is this pool's and still remembered.
-    fn record(&self, id: TaskId) -> Option<(Seq, &Record)> {
+    pub(super) fn record(&self, id: TaskId) -> Option<(Seq, &Record)> {
         let seq = self.local(id)?;
         self.records.get(&seq).map(|record| (seq, record))
     }
 
     /// Gives dormant task `seq` its record (invariant 1): something asks about it. Any other
     /// task is left as it is.
-    fn rouse(&mut self, seq: Seq) {
+    pub(super) fn rouse(&mut self, seq: Seq) {
         if !self.dormant.is_empty() {
             if let Some(dormant) = self.dormant.remove(&seq) {
                 self.records.insert(seq, dormant.into_record());
@@ -363,13 +358,13 @@ impl State {
     }
 
     /// Gives every dormant task its record, for what reads or ends them all.
-    fn rouse_all(&mut self) {
+    pub(super) fn rouse_all(&mut self) {
         self.records
             .extend(self.dormant.drain().map(|(seq, d)| (seq, d.into_record())));
     }
 
     /// A new task's sequence number (they only grow: a dependent's is above its dependencies').
-    fn new_seq(&self) -> Seq {
+    pub(super) fn new_seq(&self) -> Seq {
         debug_assert!(!self.closed, "a closed pool takes no task");
         self.next_seq.fetch_add(1, Ordering::AcqRel)
     }
@@ -383,7 +378,7 @@ impl State {
     /// `now` as a stamp of the pool's epoch. A transition passes the same reading of the clock
     /// to each of its steps; the subtraction behind a stamp is done once per reading (it was a
     /// tenth of an empty task's cost, done five times).
-    fn stamp(&mut self, now: Instant) -> Stamp {
+    pub(super) fn stamp(&mut self, now: Instant) -> Stamp {
         if now != self.stamp_memo.0 {
             self.stamp_memo = (now, self.epoch.stamp(now));
         }
@@ -515,7 +510,7 @@ impl State {
     }
 
     /// [`insert`](Self::insert) as task `id`, a sequence number just taken.
-    fn insert_as(
+    pub(super) fn insert_as(
         &mut self,
         id: Seq,
         mut task: NewTask,
@@ -602,13 +597,13 @@ impl State {
     }
 
     /// A task with no dependency left becomes scheduled (due later) or ready.
-    fn make_runnable(&mut self, id: Seq, now: Instant, effects: &mut Effects) {
+    pub(super) fn make_runnable(&mut self, id: Seq, now: Instant, effects: &mut Effects) {
         self.make_runnable_since(id, now, u64::MAX, false, effects);
     }
 
     /// [`make_runnable`](Self::make_runnable), ready since `since` at the latest; `due`: ready
     /// whatever `now` says.
-    fn make_runnable_since(
+    pub(super) fn make_runnable_since(
         &mut self,
         id: Seq,
         now: Instant,
@@ -659,7 +654,7 @@ impl State {
     /// Moves the scheduled tasks due at `upto` to the ready queue, earliest due first, then by
     /// id (the delayed heap's order: so within a priority they run in due order), marking them
     /// ready since `since`; returns how many.
-    fn promote_delayed(&mut self, upto: Stamp, since: Stamp) -> usize {
+    pub(super) fn promote_delayed(&mut self, upto: Stamp, since: Stamp) -> usize {
         let mut promoted = 0;
         while let Some(id) = self.delayed.pop_due(upto) {
             self.rouse(id);
@@ -699,1289 +694,26 @@ impl State {
     pub(crate) fn ready_len(&self) -> usize {
         self.ready.len()
     }
-
-    /// Takes the next ready task for a worker, giving it `spare` as its token if there is one.
-    /// Through the gates and aging if the pool has them, holding back the tasks whose gates are
-    /// closed; what that changed for the wake-up rules goes to `wakes`.
-    pub(crate) fn claim_next(
-        &mut self,
-        now: Instant,
-        clock: &Clock,
-        spare: &mut Option<CancelToken>,
-        wakes: &mut Wakes,
-    ) -> Option<Claim> {
-        let stamp = self.stamp(now);
-        let seq = if self.gated {
-            self.pop_admitted(now, wakes)?
-        } else {
-            let records = &self.records;
-            self.ready.pop(|seq| {
-                records
-                    .get(&seq)
-                    .is_some_and(|r| r.state == TaskState::Ready)
-            })?
-        };
-        let id = self.id(seq);
-        let record = self.records.get_mut(&seq)?;
-        self.counts.leave(TaskState::Ready);
-        self.counts.enter(TaskState::Running);
-        record.state = TaskState::Running;
-        record.since = stamp;
-        record.attempts += 1;
-        let token = spare
-            .take()
-            .unwrap_or_else(|| CancelToken::new(clock.clone()));
-        self.tokens.insert(seq, token.clone());
-        // Keeps invariant 4: a ready record holds its payload, so `take` finds one.
-        let payload = record.payload.take()?;
-        Some(Claim {
-            id,
-            type_index: record.type_index,
-            attempt: record.attempts,
-            token,
-            payload,
-            lease: None,
-            settings: record.extra.as_ref().and_then(|extra| extra.settings),
-            claimed_at: now,
-        })
-    }
-
-    /// Pops ready tasks, best first (by effective priority under aging), until one whose gates
-    /// let it start; holds back the others (see `gate.rs`). `None` once `ready` is empty.
-    fn pop_admitted(&mut self, now: Instant, wakes: &mut Wakes) -> Option<Seq> {
-        let stamp = self.stamp(now);
-        loop {
-            let records = &self.records;
-            let seq = self
-                .ready
-                .pop_by(self.aging.as_ref(), stamp, |id| ready_since(records, id))?;
-            let record = self
-                .records
-                .get_mut(&seq)
-                .expect("a live entry has a record");
-            let type_index = record.type_index;
-            if !self.gates.is_gated(type_index) {
-                return Some(seq);
-            }
-            // Keeps invariant 11: out of `ready`, no longer a placeholder of its gate.
-            let was = std::mem::take(&mut record.gating);
-            let came_from = match was {
-                Gating::Released(kind) => {
-                    let gate = self.gates.gate(type_index, kind);
-                    self.gates.unrelease(gate);
-                    Some(gate)
-                }
-                _ => None,
-            };
-            let admitted = match self.gates.admit(type_index, now, &self.events) {
-                Ok(()) => true,
-                Err(kind) => {
-                    let gate = self.gates.gate(type_index, kind);
-                    let timed_before = self.gates.needs_timer(gate);
-                    // Keeps invariant 2: out of `ready`, into the held queue, marked. Back
-                    // where it was if this gate released it.
-                    record.gating = Gating::Held(kind);
-                    let priority = record.priority;
-                    let back = was == Gating::Released(kind);
-                    self.gates.hold(gate, seq, priority, back);
-                    wakes.held = true;
-                    wakes.new_earliest |= !timed_before && self.gates.needs_timer(gate);
-                    false
-                }
-            };
-            if let Some(gate) = came_from {
-                // One placeholder fewer: the gate may release another (invariant 13). It
-                // released some, so it needed no timer before this.
-                wakes.newly_ready += self.release(gate, now);
-                wakes.new_earliest |= self.gates.needs_timer(gate);
-            }
-            if admitted {
-                return Some(seq);
-            }
-        }
-    }
-
-    /// Releases tasks held at `gate` back to `ready` (see [`Gates::release`]), unless the pool
-    /// stops; returns how many.
-    fn release(&mut self, gate: Gate, now: Instant) -> usize {
-        if self.stopping {
-            return 0;
-        }
-        let stamp = self.stamp(now);
-        self.gates.release(
-            gate,
-            now,
-            stamp,
-            &mut self.records,
-            &mut self.ready,
-            self.aging.as_ref(),
-        )
-    }
-
-    /// A task of a gated type left `Running` with `verdict`: its gates count it out, and those
-    /// that may have opened release what they can (invariants 12 to 14).
-    fn run_ended(
-        &mut self,
-        type_index: u32,
-        verdict: Verdict,
-        now: Instant,
-        effects: &mut Effects,
-    ) {
-        let breaker = self.gates.breaker_of(type_index);
-        let timed_before = breaker.is_some_and(|gate| self.gates.needs_timer(gate));
-        for gate in self
-            .gates
-            .run_ended(type_index, verdict, now, &self.events)
-            .into_iter()
-            .flatten()
-        {
-            effects.newly_ready += self.release(gate, now);
-        }
-        // A breaker that opened again over held tasks: the timer must wait for its cool-down
-        // (a concurrency gate never needs the timer).
-        effects.new_earliest |=
-            !timed_before && breaker.is_some_and(|gate| self.gates.needs_timer(gate));
-    }
-
-    /// Records the outcome of a run.
-    pub(crate) fn complete(
-        &mut self,
-        claim: Claim,
-        outcome: RunOutcome,
-        now: Instant,
-        effects: &mut Effects,
-    ) {
-        let seq = claim.id.seq();
-        self.tokens.remove(&seq);
-        let Some(record) = self.records.get_mut(&seq) else {
-            debug_assert!(false, "a running task has a record");
-            return;
-        };
-        debug_assert_eq!(record.state, TaskState::Running);
-
-        // What the run says about the type's downstream: nothing if a cancel won.
-        let gated = self.gated.then(|| {
-            let verdict = match record.cancel_requested() {
-                Some(_) => Verdict::Neither,
-                None => outcome.verdict(),
-            };
-            (record.type_index, verdict)
-        });
-        // A cancel (or the shutdown deadline) that reached the running task wins over whatever
-        // the handler returned.
-        if let Some(reason) = record.cancel_requested() {
-            effects.drop_later(claim.payload);
-            match outcome {
-                RunOutcome::Succeeded(output) => effects.drop_later(output),
-                RunOutcome::Failed(failure) => effects.drop_later(Box::new(failure)),
-                RunOutcome::Retry { .. } => {}
-            }
-            self.finish(seq, End::Cancelled(reason), now, effects);
-        } else {
-            match outcome {
-                RunOutcome::Succeeded(output) => {
-                    effects.drop_later(claim.payload);
-                    self.finish(seq, End::Succeeded(output), now, effects);
-                }
-                RunOutcome::Retry { delay, error } => {
-                    record.payload = Some(claim.payload);
-                    record.extra().last_error = Some(error);
-                    self.totals.retried += 1;
-                    // A delay past what a stamp holds waits as long as a stamp can say.
-                    record.since = match now.checked_add(delay) {
-                        Some(at) => self.epoch.stamp(at),
-                        None => u64::MAX,
-                    };
-                    self.make_runnable(seq, now, effects);
-                }
-                RunOutcome::Failed(mut failure) => {
-                    record.payload = Some(claim.payload);
-                    failure.attempts = record.attempts;
-                    self.finish(seq, End::Failed(failure), now, effects);
-                }
-            }
-        }
-        if let Some((type_index, verdict)) = gated {
-            if self.gates.is_gated(type_index) {
-                self.run_ended(type_index, verdict, now, effects);
-            }
-        }
-    }
-
-    /// A worker panicked in the engine's own code while it held `id` (a bug): the task ends
-    /// failed, as panicked, so that it reaches a terminal state and every wait on it returns.
-    /// Its payload went with the worker's stack, so it cannot be resubmitted.
-    pub(crate) fn abandon(
-        &mut self,
-        id: TaskId,
-        message: String,
-        now: Instant,
-        effects: &mut Effects,
-    ) {
-        let seq = id.seq();
-        self.tokens.remove(&seq);
-        let Some(record) = self.records.get_mut(&seq) else {
-            return;
-        };
-        if record.state != TaskState::Running {
-            return;
-        }
-        let type_index = record.type_index;
-        let failure = Failure::new(FailureReason::Panicked, record.attempts, message, None);
-        self.finish(seq, End::Failed(failure), now, effects);
-        // A panic says nothing about the downstream.
-        if self.gates.is_gated(type_index) {
-            self.run_ended(type_index, Verdict::Neither, now, effects);
-        }
-    }
-
-    // ===== endings =====
-
-    /// Ends a task, then releases or cancels its dependents, transitively (invariant 6).
-    fn finish(&mut self, seq: Seq, end: End, now: Instant, effects: &mut Effects) {
-        let root = seq;
-        // A dead letter's cascade keeps the payloads of the dependents it cancels, to bring them
-        // back with it (`resubmit_with_dependents`).
-        let keep_payloads = matches!(end, End::Failed(_));
-        let stamp = self.stamp(now);
-        let mut cascade = Vec::new();
-        // A released task that ends leaves its gate one placeholder short (invariant 13).
-        let mut reopen: Option<Gate> = None;
-        // Cascades are rare: the stack allocates only when a dependent must be cancelled.
-        let mut next = Some((seq, end));
-        let mut work = Vec::new();
-        while let Some((seq, end)) = next.take().or_else(|| work.pop()) {
-            let Some(record) = self.records.get_mut(&seq) else {
-                continue; // invariant 3: a dependent that ended and was forgotten
-            };
-            if record.state.is_terminal() {
-                continue; // reached twice through two cancelled dependencies
-            }
-            if seq != root {
-                cascade.push(seq);
-            }
-            if record.state == TaskState::Ready {
-                // Keeps invariants 2 and 11: the entry it leaves is stale.
-                match std::mem::take(&mut record.gating) {
-                    Gating::Free => self.ready.forget(record.priority),
-                    Gating::Held(kind) => {
-                        let gate = self.gates.gate(record.type_index, kind);
-                        self.gates.forget_held(gate, record.priority);
-                    }
-                    Gating::Released(kind) => {
-                        self.ready.forget(record.priority);
-                        let gate = self.gates.gate(record.type_index, kind);
-                        self.gates.unrelease(gate);
-                        // Only a root can be ready: a dependent is blocked until it ends.
-                        debug_assert!(reopen.is_none(), "one ready task per finish");
-                        reopen = Some(gate);
-                    }
-                }
-            }
-            self.counts.leave(record.state);
-            record.since = stamp;
-            let finished = match end {
-                End::Succeeded(output) => {
-                    record.state = TaskState::Succeeded;
-                    self.totals.succeeded += 1;
-                    Finished::Succeeded(Some(output))
-                }
-                End::Failed(failure) => {
-                    // A dead letter keeps its payload, to be resubmitted (invariant 9).
-                    record.state = TaskState::Failed;
-                    self.totals.failed += 1;
-                    if record.payload.is_some() {
-                        self.dead.insert(seq);
-                    }
-                    record.extra().failure = Some(failure.clone());
-                    let name = self.names.get(record.type_index as usize).copied();
-                    self.events.dead_letter(
-                        TaskId::from_parts(self.pool, seq),
-                        name.unwrap_or("?"),
-                        &failure,
-                    );
-                    Finished::Failed(Box::new(failure))
-                }
-                End::Cancelled(reason) => {
-                    record.state = TaskState::Cancelled;
-                    self.totals.cancelled += 1;
-                    // So does a task submitted after such a cascade (cancelled here at once).
-                    let keep = if seq == root {
-                        record
-                            .extra
-                            .as_ref()
-                            .is_some_and(|e| e.cascade_root.is_some())
-                    } else {
-                        keep_payloads
-                    };
-                    if keep && seq != root {
-                        record.extra().cascade_root = Some(root);
-                    }
-                    if !keep {
-                        if let Some(payload) = record.payload.take() {
-                            effects.drop_later(payload);
-                        }
-                    }
-                    Finished::Cancelled(reason)
-                }
-            };
-            let state = record.state;
-            let (dependents, key) = match record.extra.as_mut() {
-                Some(extra) => (std::mem::take(&mut extra.dependents), extra.key.clone()),
-                None => (Vec::new(), None),
-            };
-            // Published under the lock, in the same step as the state change: whoever sees the
-            // task terminal (its dependents' handlers, `status`, `wait_idle`) finds its outcome.
-            record.outcome.publish(finished);
-            self.finished.push_back((seq, stamp));
-            if state != TaskState::Succeeded {
-                // Keeps invariant 8.
-                self.release_key(key.as_deref(), seq);
-            }
-
-            let id = self.id(seq);
-            for dependent in dependents {
-                // Invariant 3: a dependent that is no longer blocked (or no longer remembered)
-                // was cancelled meanwhile.
-                let Some(record) = self.records.get_mut(&dependent) else {
-                    continue;
-                };
-                if record.state != TaskState::Blocked {
-                    continue;
-                }
-                match state {
-                    TaskState::Succeeded => {
-                        record.pending_dependencies -= 1;
-                        if record.pending_dependencies == 0 {
-                            self.make_runnable(dependent, now, effects);
-                        }
-                    }
-                    TaskState::Failed => work.push((
-                        dependent,
-                        End::Cancelled(CancelReason::DependencyFailed(id)),
-                    )),
-                    _ => work.push((
-                        dependent,
-                        End::Cancelled(CancelReason::DependencyCancelled(id)),
-                    )),
-                }
-            }
-        }
-        if keep_payloads && !cascade.is_empty() {
-            if let Some(record) = self.records.get_mut(&root) {
-                record.extra().cascade = cascade;
-            }
-        }
-        if let Some(gate) = reopen {
-            effects.newly_ready += self.release(gate, now);
-            // It had released one, so it needed no timer before.
-            effects.new_earliest |= self.gates.needs_timer(gate);
-        }
-        self.enforce_dead_letter_limit(effects);
-        self.enforce_retention(now, effects);
-    }
-
-    /// Frees `key` if `seq` holds it.
-    fn release_key(&mut self, key: Option<&str>, seq: Seq) {
-        if let Some(key) = key {
-            if self.keys.get(key) == Some(&seq) {
-                self.keys.remove(key);
-            }
-        }
-    }
-
-    /// Cancels a task: at once if it has not started, through its token if it runs.
-    pub(crate) fn cancel(
-        &mut self,
-        id: TaskId,
-        reason: CancelReason,
-        now: Instant,
-        effects: &mut Effects,
-    ) -> Result<CancelOutcome, CancelError> {
-        let seq = self.local(id).ok_or(CancelError::UnknownTask(id))?;
-        self.rouse(seq);
-        let record = self
-            .records
-            .get_mut(&seq)
-            .ok_or(CancelError::UnknownTask(id))?;
-        match record.state {
-            state if state.is_terminal() => Ok(CancelOutcome::AlreadyFinished(state)),
-            TaskState::Running => {
-                let extra = record.extra();
-                if extra.cancel_requested.is_none() {
-                    extra.cancel_requested = Some(reason);
-                }
-                if let Some(token) = self.tokens.get(&seq) {
-                    token.fire(match reason {
-                        CancelReason::Shutdown => Interrupt::Shutdown,
-                        _ => Interrupt::Cancelled,
-                    });
-                }
-                Ok(CancelOutcome::Signalled)
-            }
-            _ => {
-                self.finish(seq, End::Cancelled(reason), now, effects);
-                Ok(CancelOutcome::Cancelled)
-            }
-        }
-    }
-
-    /// The shutdown deadline passed (or the pool was dropped): every task that has not started is
-    /// cancelled, every running one has its token fired, and workers exit (invariant 7). Returns
-    /// the tasks still running.
-    pub(crate) fn stop(&mut self, now: Instant, effects: &mut Effects) -> Vec<(TaskId, u32)> {
-        self.closed = true;
-        self.stopping = true;
-        self.rouse_all();
-        let mut waiting: Vec<Seq> = Vec::new();
-        let mut running = Vec::new();
-        for (&seq, record) in &mut self.records {
-            match record.state {
-                TaskState::Running => {
-                    let extra = record.extra();
-                    extra.cancel_requested.get_or_insert(CancelReason::Shutdown);
-                    running.push((TaskId::from_parts(self.pool, seq), record.type_index));
-                }
-                state if !state.is_terminal() => waiting.push(seq),
-                _ => {}
-            }
-        }
-        for token in self.tokens.values() {
-            token.fire(Interrupt::Shutdown);
-        }
-        // Dependents have larger ids than their dependencies: cancelling from the largest id down
-        // gives every task the reason `Shutdown` rather than a cascaded one.
-        waiting.sort_unstable_by(|a, b| b.cmp(a));
-        for seq in waiting {
-            self.finish(seq, End::Cancelled(CancelReason::Shutdown), now, effects);
-        }
-        running.sort_unstable();
-        running
-    }
-
-    // ===== dead letters and retention =====
-
-    /// Runs a dead letter of type `type_index` again, as a new task with fresh attempts and the
-    /// same key (if no other task took it meanwhile).
-    pub(crate) fn resubmit(
-        &mut self,
-        id: TaskId,
-        type_index: u32,
-        now: Instant,
-        effects: &mut Effects,
-    ) -> Result<(TaskId, Arc<Completion>), ResubmitError> {
-        if self.closed {
-            return Err(ResubmitError::ShutDown);
-        }
-        let seq = self.local(id).ok_or(ResubmitError::UnknownTask(id))?;
-        let record = self
-            .records
-            .get(&seq)
-            .ok_or(ResubmitError::UnknownTask(id))?;
-        if record.state != TaskState::Failed {
-            return Err(ResubmitError::NotDeadLetter(id, record.state));
-        }
-        if let Some(new) = record.extra.as_ref().and_then(|e| e.resubmitted_as) {
-            return Err(ResubmitError::AlreadyResubmitted(id, self.id(new)));
-        }
-        if record.payload.is_none() {
-            return Err(ResubmitError::Taken(id));
-        }
-        if record.type_index != type_index {
-            return Err(ResubmitError::TypeMismatch(id));
-        }
-        let key = record.key().cloned();
-        if let Some(holder) = key.as_deref().and_then(|k| self.keys.get(k)) {
-            return Err(ResubmitError::KeyTaken(id, self.id(*holder)));
-        }
-        let new_seq = self.new_seq();
-        let record = self.records.get_mut(&seq).expect("looked up above");
-        let payload = record.payload.take().expect("checked above");
-        let extra = record.extra();
-        extra.resubmitted_as = Some(new_seq);
-        let expired = extra.expired;
-        let settings = extra.settings;
-        let task = NewTask {
-            type_index: record.type_index,
-            payload,
-            priority: record.priority,
-            run_at: now,
-            dependencies: Vec::new(),
-            key,
-            settings,
-        };
-        self.dead.remove(&seq);
-        if expired {
-            self.forget(seq, effects);
-        }
-        // Allocated under the lock: resubmitting is rare.
-        Ok(self.insert_as(new_seq, task, Completion::new(), now, effects))
-    }
-
-    /// Resubmits a dead letter (as [`resubmit`](State::resubmit)), then brings back the
-    /// dependents its failure cancelled, transitively, each as a new task with its payload,
-    /// priority and key (if free), depending on the new tasks in place of the old ones. A
-    /// dependency of theirs outside the cascade stays as it was; a dependent retention forgot,
-    /// already brought back, or with a dependency outside the cascade that the pool forgot, is
-    /// skipped (so are its own dependents, which wait for it). Returns the
-    /// new task, and each dependent brought back with its new id.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn resubmit_with_dependents(
-        &mut self,
-        id: TaskId,
-        type_index: u32,
-        now: Instant,
-        effects: &mut Effects,
-    ) -> Result<(TaskId, Arc<Completion>, Vec<(TaskId, TaskId)>), ResubmitError> {
-        let mut cascade = self
-            .record(id)
-            .and_then(|(_, r)| r.extra.as_ref())
-            .map(|e| e.cascade.clone())
-            .unwrap_or_default();
-        let (new_id, completion) = self.resubmit(id, type_index, now, effects)?;
-        // Dependencies have smaller ids than their dependents: in id order, each dependent's
-        // dependencies in the cascade are back before it.
-        cascade.sort_unstable();
-        let mut renamed: HashMap<Seq, Seq> = HashMap::from([(id.seq(), new_id.seq())]);
-        let mut brought_back = Vec::new();
-        for old in cascade {
-            let Some(record) = self.records.get(&old) else {
-                continue;
-            };
-            let extra = record.extra.as_deref();
-            if record.state != TaskState::Cancelled
-                || record.payload.is_none()
-                || extra.is_some_and(|e| e.resubmitted_as.is_some())
-            {
-                continue;
-            }
-            // A dependency outside the cascade that the pool forgot may have failed: such a
-            // dependent cannot be brought back safely.
-            let Some(dependencies) = extra
-                .map(|e| e.dependencies.as_slice())
-                .unwrap_or_default()
-                .iter()
-                .map(|dep| {
-                    renamed
-                        .get(dep)
-                        .copied()
-                        .or_else(|| self.records.contains_key(dep).then_some(*dep))
-                })
-                .collect::<Option<Vec<Seq>>>()
-            else {
-                continue;
-            };
-            let key = record
-                .key()
-                .filter(|k| !self.keys.contains_key(&***k))
-                .cloned();
-            let (type_index, priority) = (record.type_index, record.priority);
-            let new_seq = self.new_seq();
-            let record = self.records.get_mut(&old).expect("looked up above");
-            let payload = record.payload.take().expect("checked above");
-            let extra = record.extra();
-            extra.resubmitted_as = Some(new_seq);
-            let settings = extra.settings;
-            let task = NewTask {
-                type_index,
-                payload,
-                priority,
-                run_at: now,
-                dependencies,
-                key,
-                settings,
-            };
-            let (new, _) = self.insert_as(new_seq, task, Completion::new(), now, effects);
-            renamed.insert(old, new.seq());
-            brought_back.push((self.id(old), new));
-        }
-        Ok((new_id, completion, brought_back))
-    }
-
-    /// Takes a dead letter's payload out, if it is of type `type_index`: the task stays failed
-    /// but is no longer a dead letter.
-    pub(crate) fn take_dead_letter(
-        &mut self,
-        id: TaskId,
-        type_index: u32,
-        effects: &mut Effects,
-    ) -> Option<Box<dyn Any + Send>> {
-        let seq = self.local(id)?;
-        if !self.dead.contains(&seq) {
-            return None;
-        }
-        let record = self.records.get_mut(&seq)?;
-        if record.type_index != type_index {
-            return None;
-        }
-        let payload = record.payload.take();
-        let expired = record.extra().expired;
-        self.dead.remove(&seq);
-        if expired {
-            self.forget(seq, effects);
-        }
-        payload
-    }
-
-    /// Takes dead letter `id`'s payload (if it is a dead letter of type `type_index`) out of its
-    /// record, for `lender` to copy it outside the lock: the record stays a dead letter, marked
-    /// lent, and no one else takes the payload until [`give_back`](State::give_back) brings it
-    /// back (a take or a resubmit waits; a purge or the dead-letter limit takes the record out
-    /// of `dead` without the payload, which is dropped when it comes back). Keeps invariant 9.
-    pub(crate) fn lend_dead_letter(
-        &mut self,
-        id: TaskId,
-        type_index: u32,
-        lender: ThreadId,
-    ) -> Lend {
-        let Some(seq) = self.local(id) else {
-            return Lend::Refused;
-        };
-        if !self.dead.contains(&seq) {
-            return Lend::Refused;
-        }
-        let Some(record) = self.records.get_mut(&seq) else {
-            return Lend::Refused;
-        };
-        if record.type_index != type_index {
-            return Lend::Refused;
-        }
-        match record.extra.as_ref().and_then(|e| e.lent) {
-            Some(holder) if holder == lender => return Lend::Refused,
-            Some(_) => return Lend::Busy,
-            None => {}
-        }
-        let Some(payload) = record.payload.take() else {
-            return Lend::Refused;
-        };
-        record.extra().lent = Some(lender);
-        Lend::Lent(payload)
-    }
-
-    /// Brings back a payload [`lend_dead_letter`](State::lend_dead_letter) lent: into its
-    /// record if that is still a dead letter, else returned, to be dropped once the lock is
-    /// released.
-    pub(crate) fn give_back(
-        &mut self,
-        id: TaskId,
-        payload: Box<dyn Any + Send>,
-    ) -> Option<Box<dyn Any + Send>> {
-        let Some(seq) = self.local(id) else {
-            return Some(payload);
-        };
-        let Some(record) = self.records.get_mut(&seq) else {
-            return Some(payload);
-        };
-        if let Some(extra) = record.extra.as_mut() {
-            extra.lent = None;
-        }
-        if self.dead.contains(&seq) {
-            record.payload = Some(payload);
-            None
-        } else {
-            Some(payload)
-        }
-    }
-
-    /// The thread that holds dead letter `id`'s payload lent, if one does.
-    pub(crate) fn lender(&self, id: TaskId) -> Option<ThreadId> {
-        self.record(id)?.1.extra.as_ref()?.lent
-    }
-
-    /// The dead letters, oldest first, from the first after `after` (if given), of type
-    /// `type_index` (if given), at most `limit`.
-    pub(crate) fn dead_letters(
-        &self,
-        registry: &Registry,
-        after: Option<TaskId>,
-        type_index: Option<u32>,
-        limit: usize,
-    ) -> Vec<DeadLetter> {
-        let from = match after {
-            Some(id) if id.pool() == self.pool => id.seq().saturating_add(1),
-            Some(id) if id.pool() > self.pool => return Vec::new(),
-            _ => 0,
-        };
-        self.dead
-            .range(from..)
-            .filter_map(|seq| {
-                let record = &self.records[seq];
-                if type_index.is_some_and(|t| t != record.type_index) {
-                    return None;
-                }
-                let failure = record.extra.as_ref().and_then(|e| e.failure.clone())?;
-                Some(DeadLetter {
-                    id: self.id(*seq),
-                    task_type: registry.entry(record.type_index).name,
-                    priority: record.priority,
-                    failure,
-                    failed_at: self.epoch.instant(record.since),
-                })
-            })
-            .take(limit)
-            .collect()
-    }
-
-    /// Removes a dead letter and its record for good, dropping its payload once the lock is
-    /// released. Returns whether it was one.
-    pub(crate) fn purge_dead_letter(&mut self, id: TaskId, effects: &mut Effects) -> bool {
-        let Some(seq) = self.local(id) else {
-            return false;
-        };
-        if !self.dead.remove(&seq) {
-            return false;
-        }
-        self.drop_dead_payload(seq, effects);
-        true
-    }
-
-    /// A record that left `dead`: its payload goes (invariant 9), and the record too if
-    /// retention already passed over it.
-    fn drop_dead_payload(&mut self, seq: Seq, effects: &mut Effects) {
-        let Some(record) = self.records.get_mut(&seq) else {
-            return;
-        };
-        if let Some(payload) = record.payload.take() {
-            effects.drop_later(payload);
-        }
-        if record.extra().expired {
-            self.forget(seq, effects);
-        }
-    }
-
-    /// Keeps at most `max_dead_letters`, dropping the oldest.
-    fn enforce_dead_letter_limit(&mut self, effects: &mut Effects) {
-        while self.dead.len() > self.retention.max_dead_letters {
-            let Some(oldest) = self.dead.pop_first() else {
-                break;
-            };
-            self.drop_dead_payload(oldest, effects);
-        }
-    }
-
-    /// Drops a terminal record: its key if it still holds one, and the record itself once the
-    /// lock is released (its payload, output and error are user values).
-    fn forget(&mut self, seq: Seq, effects: &mut Effects) {
-        let Some(mut record) = self.records.remove(&seq) else {
-            return;
-        };
-        self.release_key(record.key().map(|k| &**k), seq);
-        if record.unread_handle {
-            // Keeps invariant 15.
-            self.orphans.insert(seq, record.outcome.shared());
-        }
-        effects.drop_record_later(record);
-    }
-
-    /// The unread handle of task `seq` was dropped (see `hub.rs`): its outcome need not be
-    /// kept any more.
-    pub(crate) fn handle_dropped(&mut self, seq: Seq, effects: &mut Effects) {
-        if let Some(record) = self.records.get_mut(&seq) {
-            record.unread_handle = false;
-        } else if let Some(dormant) = self.dormant.get_mut(&seq) {
-            dormant.unread_handle = false;
-        } else if let Some(completion) = self.orphans.remove(&seq) {
-            effects.drop_completion_later(completion);
-        } else {
-            // Only a task still in the intake has neither (the handle's drop was pushed after
-            // its task, and taken in before it).
-            self.early_drops.insert(seq, ());
-        }
-    }
-
-    /// Drops the oldest terminal records beyond the retention limits. A dead letter's record
-    /// stays while it is one (invariant 9), marked expired.
-    fn enforce_retention(&mut self, now: Instant, effects: &mut Effects) {
-        let now = self.stamp(now);
-        while let Some(&(oldest, finished_at)) = self.finished.front() {
-            let too_many = self.finished.len() > self.retention.max_count;
-            let too_old = self
-                .retention
-                .max_age
-                .is_some_and(|age| u128::from(now.saturating_sub(finished_at)) >= age.as_nanos());
-            if !too_many && !too_old {
-                break;
-            }
-            self.finished.pop_front();
-            if self.dead.contains(&oldest) {
-                if let Some(record) = self.records.get_mut(&oldest) {
-                    record.extra().expired = true;
-                }
-            } else {
-                self.forget(oldest, effects);
-            }
-        }
-    }
-
-    // ===== reading =====
-
-    /// A task's type index and completion, to make a handle for it.
-    pub(crate) fn completion_of(&mut self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
-        let seq = self.local(id)?;
-        self.rouse(seq);
-        let record = self.records.get_mut(&seq)?;
-        Some((record.type_index, record.outcome.shared()))
-    }
-
-    /// The completion for the unread handle of task `id`, which reads it now: from its record,
-    /// or from the orphans once the record is forgotten (invariant 15).
-    pub(crate) fn completion_for(&mut self, id: TaskId) -> Option<Arc<Completion>> {
-        let seq = self.local(id)?;
-        self.rouse(seq);
-        match self.records.get_mut(&seq) {
-            Some(record) => {
-                record.unread_handle = false;
-                Some(record.outcome.shared())
-            }
-            None => self.orphans.remove(&seq),
-        }
-    }
-
-    /// Whether the unread handle of task `seq`, still in the intake, was dropped (forgotten
-    /// once asked).
-    pub(crate) fn early_dropped(&mut self, seq: Seq) -> bool {
-        self.early_drops.remove(&seq).is_some()
-    }
-
-    /// For the store's `Drop`: the outcomes kept for unread handles, each published (a task
-    /// that never ended is cancelled by the shutdown, as the pool was dropped).
-    pub(crate) fn take_kept(&mut self) -> HashMap<Seq, Arc<Completion>> {
-        self.rouse_all();
-        let mut kept: HashMap<Seq, Arc<Completion>> = self.orphans.drain().collect();
-        for (&seq, record) in &mut self.records {
-            if record.unread_handle {
-                let completion = record.outcome.shared();
-                if !completion.is_published() {
-                    completion.publish(Finished::Cancelled(CancelReason::Shutdown));
-                }
-                kept.insert(seq, completion);
-            }
-        }
-        kept
-    }
-
-    pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
-        match self.record(id) {
-            Some((_, record)) => Some(record.state),
-            None => self.dormant(id).map(|_| TaskState::Scheduled),
-        }
-    }
-
-    /// The dormant task `id`, if it is one.
-    fn dormant(&self, id: TaskId) -> Option<&Dormant> {
-        self.dormant.get(&self.local(id)?)
-    }
-
-    pub(crate) fn info(&self, id: TaskId, registry: &Registry) -> Option<TaskInfo> {
-        let Some((_, record)) = self.record(id) else {
-            let dormant = self.dormant(id)?;
-            // A dormant task is a plain one: its type's settings.
-            let settings = registry.entry(dormant.type_index).settings();
-            return Some(TaskInfo {
-                id,
-                task_type: registry.entry(dormant.type_index).name,
-                state: TaskState::Scheduled,
-                priority: dormant.priority,
-                attempts: 0,
-                max_attempts: settings.max_attempts,
-                retry_policy: settings.retry,
-                timeout: settings.timeout,
-                run_at: Some(self.epoch.instant(dormant.run_at)),
-                last_error: None,
-                resubmitted_as: None,
-                dependencies: Vec::new(),
-            });
-        };
-        let extra = record.extra.as_deref();
-        let settings = extra
-            .and_then(|e| e.settings)
-            .unwrap_or_else(|| registry.entry(record.type_index).settings());
-        Some(TaskInfo {
-            id,
-            task_type: registry.entry(record.type_index).name,
-            state: record.state,
-            priority: record.priority,
-            attempts: record.attempts,
-            max_attempts: settings.max_attempts,
-            retry_policy: settings.retry,
-            timeout: settings.timeout,
-            run_at: matches!(record.state, TaskState::Scheduled | TaskState::Blocked)
-                .then_some(self.epoch.instant(record.since)),
-            last_error: extra.and_then(|e| {
-                e.failure
-                    .as_ref()
-                    .map(|f| f.error.clone())
-                    .or(e.last_error.clone())
-            }),
-            resubmitted_as: extra.and_then(|e| e.resubmitted_as).map(|seq| self.id(seq)),
-            // Kept sorted (`insert_as`), as the durable store lists them.
-            dependencies: extra.map_or_else(Vec::new, |e| {
-                e.dependencies.iter().map(|&seq| self.id(seq)).collect()
-            }),
-        })
-    }
-
-    /// A page of [`Store::tasks`](crate::store::Store::tasks): the tasks after sequence number
-    /// `after` (0: from the first) in `state` (if given) of type `type_index` (if given), at
-    /// most `limit`, by id.
-    ///
-    /// Records are kept by id in a hash map, so the page is found one of two ways, whichever
-    /// reads fewer entries: walking the ids from `after` up, one lookup each, until the page
-    /// is full (a page of a common state costs about its length; the walk stops at the last
-    /// id given), or one pass over every record keeping the `limit` smallest ids that match (in
-    /// a heap). Only engine values are copied under the lock: no payload, no output.
-    pub(crate) fn tasks(
-        &self,
-        registry: &Registry,
-        state: Option<TaskState>,
-        type_index: Option<u32>,
-        after: Seq,
-        limit: usize,
-    ) -> Vec<TaskInfo> {
-        if limit == 0 {
-            return Vec::new();
-        }
-        let keeps = |task_state: TaskState, task_type: u32| {
-            state.is_none_or(|s| s == task_state) && type_index.is_none_or(|t| t == task_type)
-        };
-        let matches = |seq: &Seq| match self.records.get(seq) {
-            Some(record) => keeps(record.state, record.type_index),
-            None => self
-                .dormant
-                .get(seq)
-                .is_some_and(|d| keeps(TaskState::Scheduled, d.type_index)),
-        };
-        let from = after.saturating_add(1);
-        let end = self.next_seq.load(Ordering::Acquire);
-        let known = (self.records.len() + self.dormant.len()) as u64;
-        let seqs: Vec<Seq> = if end.saturating_sub(from) <= known.saturating_mul(2) {
-            (from..end).filter(matches).take(limit).collect()
-        } else {
-            let mut smallest = std::collections::BinaryHeap::new();
-            let candidates = self.records.keys().chain(self.dormant.keys());
-            for &seq in candidates.filter(|&&seq| seq >= from && matches(&seq)) {
-                // A max-heap of the smallest ids so far: the largest goes when one more fits.
-                smallest.push(seq);
-                if smallest.len() > limit {
-                    smallest.pop();
-                }
-            }
-            smallest.into_sorted_vec()
-        };
-        seqs.into_iter()
-            .filter_map(|seq| self.info(self.id(seq), registry))
-            .collect()
-    }
-
-    pub(crate) fn stats(&mut self, now: Instant) -> Stats {
-        let records = &self.records;
-        let is_live = |id| {
-            records
-                .get(&id)
-                .is_some_and(|r: &Record| r.state == TaskState::Ready)
-        };
-        let mut fronts = self.ready.fronts(is_live);
-        let held = self.gates.fronts(is_live);
-        if !held.is_empty() {
-            // Held tasks are ready too (invariant 11), by their own priority: merge each
-            // priority's depths, and keep its oldest front.
-            fronts.extend(held);
-            fronts.sort_by_key(|&(p, _, id)| (std::cmp::Reverse(p), records[&id].since));
-            fronts.dedup_by(|later, first| {
-                let same = later.0 == first.0;
-                if same {
-                    first.1 += later.1;
-                }
-                same
-            });
-        }
-        let oldest_ready_by_priority: Vec<(u8, Duration)> = fronts
-            .iter()
-            .map(|&(p, _, id)| {
-                let since = self.epoch.instant(records[&id].since);
-                (p, now.saturating_duration_since(since))
-            })
-            .collect();
-        let oldest_ready = oldest_ready_by_priority.iter().map(|&(_, age)| age).max();
-        Stats {
-            workers: self.live_workers,
-            blocked: self.counts.blocked,
-            scheduled: self.counts.scheduled,
-            ready: self.counts.ready,
-            running: self.counts.running,
-            retained: self.finished.len(),
-            dead_letters: self.dead.len(),
-            ready_by_priority: fronts.iter().map(|&(p, n, _)| (p, n)).collect(),
-            oldest_ready,
-            oldest_ready_by_priority,
-            breakers: self.gates.breakers(),
-            stuck: 0,
-            delayed_entries: self.delayed.entries(),
-            estimated: false,
-            totals: self.totals,
-        }
-    }
-
-    /// Each type's ready and running tasks and oldest ready wait: a pass over every record.
-    pub(crate) fn type_stats(&self, now: Instant) -> Vec<TypeStats> {
-        let mut types: Vec<TypeStats> = self.names.iter().map(|&n| TypeStats::new(n)).collect();
-        for record in self.records.values() {
-            let Some(t) = types.get_mut(record.type_index as usize) else {
-                continue;
-            };
-            match record.state {
-                TaskState::Ready => {
-                    t.ready += 1;
-                    let since = self.epoch.instant(record.since);
-                    let age = now.saturating_duration_since(since);
-                    t.oldest_ready = Some(t.oldest_ready.map_or(age, |a| a.max(age)));
-                }
-                TaskState::Running => t.running += 1,
-                _ => {}
-            }
-        }
-        types
-    }
-
-    /// Takes every record out, for [`MemoryStore`](super::store::MemoryStore)'s `Drop` to drop quietly.
-    pub(crate) fn take_records(&mut self) -> Vec<Record> {
-        self.tokens.clear();
-        self.rouse_all();
-        self.records.drain().map(|(_, record)| record).collect()
-    }
-
-    // ===== checking =====
-
-    /// Checks the invariants in the module docs against every record; `Err` names the first one
-    /// broken. For tests: it reads the whole state.
-    pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let fail = |n: u32, what: String| Err(format!("invariant {n} broken: {what}"));
-        let mut counts = Counts::default();
-        let mut terminal = 0;
-        // How many unfinished tasks list each task as a dependent.
-        let mut listed: HashMap<Seq, usize> = HashMap::new();
-        for record in self.records.values().filter(|r| !r.state.is_terminal()) {
-            for &dependent in record.extra.iter().flat_map(|e| &e.dependents) {
-                *listed.entry(dependent).or_default() += 1;
-            }
-        }
-        for (&seq, record) in &self.records {
-            let id = self.id(seq);
-            counts.enter(record.state);
-            let published = record.outcome.is_published();
-            if record.state.is_terminal() {
-                terminal += 1;
-                if !published {
-                    return fail(6, format!("{id} is {} but unpublished", record.state));
-                }
-            } else if published {
-                return fail(6, format!("{id} is {} but published", record.state));
-            }
-            if record.gating != Gating::Free && record.state != TaskState::Ready {
-                return fail(11, format!("{} {id} is {:?}", record.state, record.gating));
-            }
-            let holds_payload = record.payload.is_some();
-            let token = self.tokens.contains_key(&seq);
-            match record.state {
-                TaskState::Running if holds_payload || !token => {
-                    return fail(
-                        4,
-                        format!("running {id}: payload {holds_payload}, token {token}"),
-                    );
-                }
-                TaskState::Running => {}
-                state if token => return fail(4, format!("{state} {id} has a token")),
-                state if !state.is_terminal() && !holds_payload => {
-                    return fail(4, format!("{state} {id} lost its payload"));
-                }
-                _ => {}
-            }
-            if record.state == TaskState::Blocked {
-                let listed = listed.get(&seq).copied().unwrap_or(0);
-                if record.pending_dependencies == 0
-                    || listed != record.pending_dependencies as usize
-                {
-                    return fail(
-                        3,
-                        format!(
-                            "blocked {id} counts {} pending dependencies, {listed} list it",
-                            record.pending_dependencies
-                        ),
-                    );
-                }
-            }
-            let in_dead = self.dead.contains(&seq);
-            let lent = record.extra.as_ref().is_some_and(|e| e.lent.is_some());
-            let kept = record.state == TaskState::Failed
-                && record
-                    .extra
-                    .as_ref()
-                    .is_none_or(|e| e.resubmitted_as.is_none());
-            // A lent record may have left `dead` meanwhile (a purge, the limit).
-            let (must, may) = (kept && holds_payload, kept && (holds_payload || lent));
-            if (in_dead && !may) || (!in_dead && must) {
-                return fail(
-                    9,
-                    format!(
-                        "{id} in dead letters: {in_dead}, holds its payload: {holds_payload}, lent: {lent}"
-                    ),
-                );
-            }
-            if lent && (holds_payload || record.state != TaskState::Failed) {
-                return fail(
-                    9,
-                    format!(
-                        "lent {id} is {}, holds its payload: {holds_payload}",
-                        record.state
-                    ),
-                );
-            }
-            let in_cascade = record
-                .extra
-                .as_ref()
-                .is_some_and(|e| e.cascade_root.is_some());
-            if record.state == TaskState::Cancelled && holds_payload && !in_cascade {
-                return fail(10, format!("cancelled {id} holds its payload"));
-            }
-            if let Some(key) = record.key() {
-                let holds = self.keys.get(key) == Some(&seq);
-                let may = matches!(record.state, TaskState::Failed | TaskState::Cancelled);
-                if holds && may {
-                    return fail(8, format!("{} {id} still holds key `{key}`", record.state));
-                }
-            }
-        }
-        for (key, seq) in &self.keys {
-            if self.records.get(seq).and_then(Record::key).map(|k| &**k) != Some(&**key) {
-                return fail(
-                    8,
-                    format!(
-                        "key `{key}` names {}, which does not hold it",
-                        self.id(*seq)
-                    ),
-                );
-            }
-        }
-        for seq in self.dormant.keys() {
-            counts.enter(TaskState::Scheduled);
-            if self.records.contains_key(seq)
-                || self.orphans.contains_key(seq)
-                || self.early_drops.contains_key(seq)
-            {
-                return fail(
-                    1,
-                    format!("dormant {} has a record or is not taken in", self.id(*seq)),
-                );
-            }
-        }
-        for (what, n, expected) in [
-            ("blocked", counts.blocked, self.counts.blocked),
-            ("scheduled", counts.scheduled, self.counts.scheduled),
-            ("ready", counts.ready, self.counts.ready),
-            ("running", counts.running, self.counts.running),
-        ] {
-            if n != expected {
-                return fail(5, format!("{n} {what} records, counted {expected}"));
-            }
-        }
-        if self.tokens.len() != counts.running {
-            return fail(
-                4,
-                format!("{} tokens, {} running", self.tokens.len(), counts.running),
-            );
-        }
-        let live_ready = self.ready.len() + self.gates.held();
-        if live_ready != counts.ready {
-            return fail(
-                2,
-                format!(
-                    "{live_ready} live ready and held entries, {} ready",
-                    counts.ready
-                ),
-            );
-        }
-        // Each ready task in `ready` has one live entry there, unless a gate holds it.
-        let mut in_ready = std::collections::HashSet::new();
-        for (_, seq) in self.ready.entries() {
-            let Some(record) = self.records.get(&seq) else {
-                continue;
-            };
-            if record.state != TaskState::Ready {
-                continue;
-            }
-            if matches!(record.gating, Gating::Held(_)) || !in_ready.insert(seq) {
-                return fail(
-                    2,
-                    format!("{} has a stray or second entry in ready", self.id(seq)),
-                );
-            }
-        }
-        if let Err((n, what)) = self.gates.check(&self.records) {
-            return fail(n, what);
-        }
-        let expired = self
-            .records
-            .values()
-            .filter(|r| r.extra.as_ref().is_some_and(|e| e.expired))
-            .count();
-        if terminal != self.finished.len() + expired {
-            return fail(
-                1,
-                format!(
-                    "{terminal} terminal records, {} retained and {expired} expired dead letters",
-                    self.finished.len()
-                ),
-            );
-        }
-        for &(seq, _) in &self.finished {
-            if !self
-                .records
-                .get(&seq)
-                .is_some_and(|r| r.state.is_terminal())
-            {
-                return fail(
-                    6,
-                    format!("{} is in retention but not terminal", self.id(seq)),
-                );
-            }
-        }
-        if self.stopping && (counts.blocked + counts.scheduled + counts.ready) > 0 {
-            return fail(7, "stopping with tasks still queued".to_owned());
-        }
-        for (seq, completion) in &self.orphans {
-            if self.records.contains_key(seq) || !completion.is_published() {
-                return fail(
-                    15,
-                    format!("orphan {} has a record or no outcome", self.id(*seq)),
-                );
-            }
-        }
-        for seq in self.early_drops.keys() {
-            if self.records.contains_key(seq) || self.orphans.contains_key(seq) {
-                return fail(
-                    15,
-                    format!("early drop {} is not in the intake", self.id(*seq)),
-                );
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(all(test, not(tasq_loom)))]
 mod tests {
     use std::time::{Duration, Instant};
 
+    use super::super::gate::{Gate, Wakes};
     use super::super::record::GateKind;
     use super::super::store::MemoryStore;
     use super::*;
-    use crate::gates::breaker::{Breaker, BreakerState};
+    use crate::gates::breaker::{Breaker, BreakerState, Verdict};
     use crate::gates::limit::RateLimit;
     use crate::model::clock::Clock;
+    use crate::model::completion::Finished;
+    use crate::model::state::{CancelOutcome, FailureReason};
     use crate::model::task::TaskType;
     use crate::observe::event::Event;
     use crate::store::Store;
     use crate::store::registry::Entry;
+    use crate::store::{Claim, RunOutcome};
 
     fn retention() -> Retention {
         Retention {

@@ -16,8 +16,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-use super::PgStore;
-use super::conn::Sql;
+use super::conn::{Connections, Sql};
 use crate::sync::{Condvar, Mutex};
 use crate::unwind;
 
@@ -90,7 +89,7 @@ impl Acks {
     /// the caller tries again.
     pub(super) fn succeed(
         &self,
-        store: &PgStore,
+        store: &impl Connections,
         seq: i64,
         lease: i64,
         output: &mut Value,
@@ -167,7 +166,7 @@ pub(crate) const ACK_ONE: &str = "
     SELECT id, pg_notify(tasq_channel(), 'done:' || id)::TEXT FROM ended";
 
 /// One statement for a batch: the ids it wrote.
-fn write(store: &PgStore, batch: &[Pending]) -> Result<HashSet<i64>, String> {
+fn write(store: &impl Connections, batch: &[Pending]) -> Result<HashSet<i64>, String> {
     let rows = match batch {
         [one] => store.with_conn(|c| c.query(ACK_ONE, &[&one.seq, &one.lease, &one.output]))?,
         _ => {

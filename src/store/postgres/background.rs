@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use super::conn::Sql;
 use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
+use super::leader;
 use super::notifier::Notifier;
-use super::{PgStore, leader, rows};
+use super::rows;
+use super::store::PgStore;
 use crate::model::cancel::Interrupt;
 use crate::model::state::Failure;
 use crate::sync::{self, Arc};
@@ -100,7 +102,7 @@ pub(super) fn maintain_loop(store: &Arc<PgStore>) {
         }
         // Also before each claim: here it keeps the priorities aged while the fetcher waits,
         // for the processes that claim these types without aging of their own.
-        super::gates::age_if_due(store, false);
+        super::gating::age_if_due(store, false);
     }
 }
 

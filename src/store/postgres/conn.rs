@@ -379,3 +379,13 @@ impl r2d2::ManageConnection for Connector {
         conn.client.is_closed()
     }
 }
+
+/// What a role that needs only connections takes, rather than the whole store (the store
+/// implements it): a statement run on a pooled connection, retried through an outage as the
+/// store retries its own.
+pub(super) trait Connections {
+    fn with_conn<R>(
+        &self,
+        f: impl FnMut(&mut Conn) -> Result<R, postgres::Error>,
+    ) -> Result<R, String>;
+}

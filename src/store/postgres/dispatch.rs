@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::conn::Sql;
-use super::{Insert, PgStore, insert_task, notify, rows};
+use super::rows;
+use super::store::PgStore;
+use super::submit::Insert;
+use super::submit::insert_task;
+use super::submit::notify;
 use crate::model::cancel::{CancelToken, Interrupt};
 use crate::model::error::{ResubmitError, SubmitErrorKind};
 use crate::model::id::TaskId;
-use crate::model::state::{Failure, FailureReason, TaskState};
+use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
 use crate::model::task::Dependency;
 use crate::observe::event::Event;
 use crate::store::{Claim, RunOutcome};
@@ -61,7 +65,7 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
             }
         };
         // Before the claim, so that it sees the priorities aged to the pool's clock.
-        super::gates::age_if_due(store, true);
+        super::gating::age_if_due(store, true);
         match claim_batch(store, wanted) {
             Ok(claimed) => {
                 backoff = Duration::from_millis(50);
@@ -117,7 +121,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             store.with_conn(|c| c.query(CLAIM, &[&store.types, &limit, &lease_us]))?
         }
         Some(gates) => {
-            let claim = super::gates::claim(store, gates, wanted)?;
+            let claim = super::gating::claim(store, gates, wanted)?;
             // Reported once: this claim's transaction made the change, and it committed.
             for (downstream, state) in claim.changes {
                 store.events.emit(Event::Breaker { downstream, state });
@@ -147,7 +151,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
         let token = CancelToken::new(store.clock.clone());
         held.push((
             seq,
-            super::Held {
+            super::store::Held {
                 lease,
                 token: token.clone(),
                 type_index,
@@ -255,7 +259,7 @@ impl PgStore {
             // Before the ending: once the probe's row stops running, its breaker has already
             // closed or reopened (see `gates.rs`).
             let verdict = outcome.verdict();
-            super::gates::record(self, downstream as usize, seq, lease, verdict, ended_at);
+            super::gating::record(self, downstream as usize, seq, lease, verdict, ended_at);
         }
         // The payload is dropped after the outcome is written and published: its `Drop` is user
         // code, and may wait for this very task (as on the embedded store).
@@ -774,7 +778,7 @@ pub(super) fn revive(
         )?;
         for row in &cascade {
             let old: i64 = row.get(0);
-            let type_name = super::leak_name(row.get(1));
+            let type_name = super::store::leak_name(row.get(1));
             let payload: Value = row.get(2);
             let key: Option<String> = row.get(4);
             let deps: Vec<i64> = row.get(6);
@@ -880,3 +884,110 @@ pub(super) const TRIM_DEAD_LETTERS: &str = "
     WHERE dead AND (SELECT dead_letter_limit FROM tasq_schema) IS NOT NULL
       AND id <= (SELECT id FROM tasq_tasks WHERE dead ORDER BY id DESC
                  OFFSET (SELECT dead_letter_limit FROM tasq_schema) LIMIT 1)";
+
+impl PgStore {
+    /// Returns the rows of never-started claims to `ready` (the attempt not counted), and
+    /// tells the other pools. A row whose cancel was asked for while it was held ends
+    /// cancelled instead, with its dependents, as the reaper ends it.
+    pub(super) fn give_back_leases(&self, leases: &[i64]) {
+        if leases.is_empty() {
+            return;
+        }
+        let cancelled = self.with_conn(|c| {
+            let mut tx = c.transaction()?;
+            let rows = tx.query(
+                "UPDATE tasq_tasks SET
+                     status = CASE WHEN cancel_requested IS NULL THEN 'ready' ELSE 'cancelled' END,
+                     cancel_reason = cancel_requested,
+                     finished_at = CASE WHEN cancel_requested IS NULL THEN NULL
+                                        ELSE tasq_now() END,
+                     lease_id = NULL, lease_until = NULL, attempts = attempts - 1,
+                     priority = COALESCE(base_priority, priority), base_priority = NULL
+                 WHERE lease_id = ANY($1) AND status = 'running'
+                 RETURNING id, status, has_dependents",
+                &[&leases],
+            )?;
+            let mut done = Vec::new();
+            for row in rows
+                .iter()
+                .filter(|row| row.get::<_, &str>(1) == "cancelled")
+            {
+                super::dispatch::cascade_ended(
+                    &mut tx,
+                    row.get(0),
+                    "cancelled",
+                    row.get(2),
+                    &mut done,
+                )?;
+            }
+            super::dispatch::notify_changes(&mut tx, true, &done)?;
+            tx.commit()?;
+            Ok(done.len())
+        });
+        if let Ok(cancelled) = cancelled {
+            self.count(|t| t.cancelled += cancelled as u64);
+        }
+    }
+
+    /// Cancels the task that `lookup` finds and locks (`$1` is `param`; it returns the row's
+    /// `id, status, has_dependents`), as [`Store::cancel`] does: one not started ends cancelled
+    /// with its dependents, a running one has its cancel asked for. `None` if no row matched.
+    pub(super) fn cancel_row(
+        &self,
+        lookup: &str,
+        param: &(dyn postgres::types::ToSql + Sync),
+    ) -> Result<Option<(i64, CancelOutcome)>, String> {
+        let result = self.with_conn(|client| {
+            let mut tx = client.transaction()?;
+            let Some(row) = tx.query_opt(lookup, &[param])? else {
+                return Ok(None);
+            };
+            let seq: i64 = row.get(0);
+            let status: String = row.get(1);
+            let mut done = Vec::new();
+            let outcome = match status.as_str() {
+                "blocked" | "ready" => {
+                    tx.execute(
+                        "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
+                         finished_at = tasq_now() WHERE id = $1",
+                        &[&seq],
+                    )?;
+                    super::dispatch::cascade_ended(
+                        &mut tx,
+                        seq,
+                        "cancelled",
+                        row.get(2),
+                        &mut done,
+                    )?;
+                    super::dispatch::notify_changes(&mut tx, false, &done)?;
+                    CancelOutcome::Cancelled
+                }
+                "running" => {
+                    tx.execute(
+                        "UPDATE tasq_tasks SET cancel_requested = 'requested' WHERE id = $1
+                         AND cancel_requested IS NULL",
+                        &[&seq],
+                    )?;
+                    notify(&mut tx, &format!("cancel:{seq}"))?;
+                    CancelOutcome::Signalled
+                }
+                other => CancelOutcome::AlreadyFinished(super::rows::state_of(other, true)),
+            };
+            tx.commit()?;
+            Ok(Some((seq, outcome, done)))
+        })?;
+        let Some((seq, outcome, done)) = result else {
+            return Ok(None);
+        };
+        match outcome {
+            CancelOutcome::Cancelled => {
+                // The task and the dependents it took with it.
+                self.count(|t| t.cancelled += done.len() as u64);
+                self.publish_ended(&done);
+            }
+            CancelOutcome::Signalled => self.fire_local(seq),
+            CancelOutcome::AlreadyFinished(_) => {}
+        }
+        Ok(Some((seq, outcome)))
+    }
+}

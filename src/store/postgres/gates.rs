@@ -78,10 +78,8 @@ use std::time::{Duration, Instant};
 use postgres::Row;
 
 use super::conn::Sql;
-use super::{PgStore, rows};
-use crate::gates::breaker::{Breaker, BreakerState, Verdict};
+use crate::gates::breaker::{Breaker, BreakerState};
 use crate::gates::limit::RateLimit;
-use crate::observe::event::Event;
 use crate::store::registry::Registry;
 
 /// A pick of the best ready rows of the types `$1`, at most `$2`, as the plain claim picks them:
@@ -111,7 +109,7 @@ pub(crate) const PICK: &str = "
 
 /// Locks the gate rows of the types `$1` and of the downstreams `$2` that are not closed, passing
 /// over the rows another transaction holds (see the design note).
-const LOCK: &str = "
+pub(super) const LOCK: &str = "
     SELECT kind, name FROM tasq_gates
     WHERE (kind = 'type' AND name = ANY($1))
        OR (kind = 'downstream' AND name = ANY($2) AND state <> 'closed')
@@ -121,7 +119,7 @@ const LOCK: &str = "
 /// The gates of the types `$1` and the downstreams `$2`: each bucket with the seconds since its
 /// refill, each breaker with the seconds since it opened and whether its probe still runs, and
 /// the running rows of each type in `$3`.
-const READ: &str = "
+pub(super) const READ: &str = "
     SELECT g.kind, g.name, g.tokens,
            EXTRACT(EPOCH FROM tasq_now() - g.refilled_at)::FLOAT8,
            g.state,
@@ -138,7 +136,7 @@ const READ: &str = "
 /// Claims the kept rows `$1` (locked by this transaction), leased for `$2` microseconds; sets the
 /// buckets of the types `$3` to the tokens `$4`, and makes each row of `$6` the probe of
 /// downstream `$5` (half-open).
-const CLAIM_KEPT: &str = "
+pub(super) const CLAIM_KEPT: &str = "
     WITH claimed AS (
         UPDATE tasq_tasks t
         SET status = 'running', lease_id = nextval('tasq_lease'),
@@ -165,7 +163,7 @@ const CLAIM_KEPT: &str = "
 
 /// Makes the gate rows the pool uses, if missing: the types `$1` (a full bucket) and the
 /// downstreams `$2` (closed).
-const ENSURE: &str = "
+pub(super) const ENSURE: &str = "
     INSERT INTO tasq_gates (kind, name, refilled_at)
     SELECT 'type', name, tasq_now() FROM unnest($1::TEXT[]) AS name
     UNION ALL
@@ -176,7 +174,7 @@ const ENSURE: &str = "
 /// count, unless it is closed with no failure counted (then it touches nothing, and takes no
 /// lock). Returns the state it was in. (A handler that ended its task in its own transaction,
 /// `Context::succeed_in`, left the row succeeded under its lease.)
-const SUCCEEDED: &str = "
+pub(super) const SUCCEEDED: &str = "
     WITH old AS (
         SELECT kind, name, state FROM tasq_gates
         WHERE kind = 'downstream' AND name = $1 AND (consecutive > 0 OR state <> 'closed')
@@ -193,7 +191,7 @@ const SUCCEEDED: &str = "
 /// A failure of downstream `$1` by task `$2` under lease `$3`: counts it, and opens the breaker
 /// at `$4` consecutive failures while closed, or at once while half-open. Returns the state it
 /// was in and the state it is in. (`old` is read under the row's lock: the latest version.)
-const FAILED: &str = "
+pub(super) const FAILED: &str = "
     WITH old AS (
         SELECT kind, name, state, consecutive,
                state = 'half_open' OR (state = 'closed' AND consecutive + 1 >= $4) AS opens
@@ -242,27 +240,27 @@ pub(crate) const AGE: &str = concat!(
 );
 
 /// How long to wait before claiming again when a gate row was busy or missing.
-const SOON: Duration = Duration::from_millis(20);
+pub(super) const SOON: Duration = Duration::from_millis(20);
 
 // ===== the pool's gates =====
 
 /// One registered type's gates.
 #[derive(Clone, Copy, Debug)]
-struct TypeGate {
-    name: &'static str,
-    concurrency: Option<u32>,
-    rate: Option<RateLimit>,
+pub(super) struct TypeGate {
+    pub(super) name: &'static str,
+    pub(super) concurrency: Option<u32>,
+    pub(super) rate: Option<RateLimit>,
     /// An index into `Gates::downstreams`.
-    downstream: Option<usize>,
+    pub(super) downstream: Option<usize>,
 }
 
 impl TypeGate {
     /// Whether the type has a row of its own (a limit): its claims serialise on it.
-    fn has_row(&self) -> bool {
+    pub(super) fn has_row(&self) -> bool {
         self.concurrency.is_some() || self.rate.is_some()
     }
 
-    fn is_gated(&self) -> bool {
+    pub(super) fn is_gated(&self) -> bool {
         self.has_row() || self.downstream.is_some()
     }
 }
@@ -271,11 +269,11 @@ impl TypeGate {
 #[derive(Debug)]
 pub(super) struct Gates {
     /// By type index.
-    types: Vec<TypeGate>,
+    pub(super) types: Vec<TypeGate>,
     /// Every breaker the pool set, in registry order.
-    downstreams: Vec<(&'static str, Breaker)>,
+    pub(super) downstreams: Vec<(&'static str, Breaker)>,
     /// The names of the gated types (the candidates of a pick).
-    gated: Vec<String>,
+    pub(super) gated: Vec<String>,
 }
 
 impl Gates {
@@ -307,7 +305,7 @@ impl Gates {
     }
 
     /// The names of the types with rows, and of every downstream.
-    fn row_names(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+    pub(super) fn row_names(&self) -> (Vec<&'static str>, Vec<&'static str>) {
         let types = self
             .types
             .iter()
@@ -339,7 +337,7 @@ pub(super) struct Hold {
 }
 
 impl Hold {
-    fn wait(&mut self, wait: Duration) {
+    pub(super) fn wait(&mut self, wait: Duration) {
         self.clock_wait = Some(self.clock_wait.map_or(wait, |w| w.min(wait)));
     }
 
@@ -369,17 +367,17 @@ pub(super) struct GatedClaim {
 
 /// What a type may still start in this claim.
 #[derive(Debug, Default)]
-struct TypeRoom {
+pub(super) struct TypeRoom {
     /// Its concurrency limit's room (none: no limit).
-    running_room: Option<u64>,
+    pub(super) running_room: Option<u64>,
     /// Its bucket's tokens, refilled (none: no rate limit).
-    tokens: Option<f64>,
+    pub(super) tokens: Option<f64>,
     /// Tokens drawn in this claim.
-    drawn: u32,
+    pub(super) drawn: u32,
 }
 
 impl TypeRoom {
-    fn allowance(&self) -> u64 {
+    pub(super) fn allowance(&self) -> u64 {
         let by_tokens = self
             .tokens
             .map(|t| ((t - f64::from(self.drawn)) + 1e-9).floor().max(0.0) as u64);
@@ -392,7 +390,7 @@ impl TypeRoom {
 
 /// What a downstream's breaker lets start in this claim.
 #[derive(Debug)]
-enum Pass {
+pub(super) enum Pass {
     /// Closed: anything.
     Open,
     /// One probe; `true` if taking it moves the breaker from open to half-open.
@@ -402,21 +400,21 @@ enum Pass {
 }
 
 /// The allowances read so far in one claim.
-struct Allowances<'a> {
-    gates: &'a Gates,
+pub(super) struct Allowances<'a> {
+    pub(super) gates: &'a Gates,
     /// Types whose gates were read, with their room.
-    rooms: HashMap<u32, TypeRoom>,
+    pub(super) rooms: HashMap<u32, TypeRoom>,
     /// Downstreams whose breakers were read.
-    passes: HashMap<usize, Pass>,
+    pub(super) passes: HashMap<usize, Pass>,
     /// Types not to pick again in this claim.
-    excluded: HashSet<u32>,
+    pub(super) excluded: HashSet<u32>,
     /// Probes taken: downstream, row id, from open.
-    probes: Vec<(usize, i64, bool)>,
-    hold: Hold,
+    pub(super) probes: Vec<(usize, i64, bool)>,
+    pub(super) hold: Hold,
 }
 
 impl<'a> Allowances<'a> {
-    fn new(gates: &'a Gates) -> Self {
+    pub(super) fn new(gates: &'a Gates) -> Self {
         Allowances {
             gates,
             rooms: HashMap::new(),
@@ -428,7 +426,7 @@ impl<'a> Allowances<'a> {
     }
 
     /// Locks and reads the gates of `types` not read yet.
-    fn read(&mut self, tx: &mut impl Sql, types: &[u32]) -> Result<(), postgres::Error> {
+    pub(super) fn read(&mut self, tx: &mut impl Sql, types: &[u32]) -> Result<(), postgres::Error> {
         let gates = self.gates;
         let mut type_names: Vec<&'static str> = Vec::new();
         let mut counted: Vec<&'static str> = Vec::new();
@@ -526,7 +524,7 @@ impl<'a> Allowances<'a> {
     }
 
     /// What breaker row `row` lets through (locked: this transaction holds its lock).
-    fn pass(&mut self, row: &Row, breaker: &Breaker, locked: bool) -> Pass {
+    pub(super) fn pass(&mut self, row: &Row, breaker: &Breaker, locked: bool) -> Pass {
         let state = BreakerState::parse(row.get(4));
         if state == BreakerState::Closed {
             return Pass::Open;
@@ -558,7 +556,7 @@ impl<'a> Allowances<'a> {
 
     /// Whether candidate `id` of type `index` may start; if so, it has (its allowances are
     /// drawn). A type that runs out is excluded from later picks.
-    fn take(&mut self, index: u32, id: i64) -> bool {
+    pub(super) fn take(&mut self, index: u32, id: i64) -> bool {
         if self.excluded.contains(&index) {
             return false;
         }
@@ -599,7 +597,7 @@ impl<'a> Allowances<'a> {
 
     /// Records why type `index` holds a task back, for the fetcher's next wake-up (a breaker's
     /// reason was noted when it was read).
-    fn note_held(&mut self, index: u32) {
+    pub(super) fn note_held(&mut self, index: u32) {
         let gate = self.gates.types[index as usize];
         let Some(room) = self.rooms.get(&index) else {
             return;
@@ -617,7 +615,7 @@ impl<'a> Allowances<'a> {
 
     /// Excludes `index` from later picks, with every type of its downstream if the breaker
     /// lets nothing more through.
-    fn exclude(&mut self, index: u32) {
+    pub(super) fn exclude(&mut self, index: u32) {
         self.excluded.insert(index);
         if let Some(d) = self.gates.types[index as usize].downstream {
             if matches!(self.passes.get(&d), Some(Pass::Shut)) {
@@ -631,7 +629,7 @@ impl<'a> Allowances<'a> {
     }
 
     /// The buckets drawn in this round, to write: names and tokens left.
-    fn buckets(&self) -> (Vec<&'static str>, Vec<f64>) {
+    pub(super) fn buckets(&self) -> (Vec<&'static str>, Vec<f64>) {
         let mut names = Vec::new();
         let mut tokens = Vec::new();
         for (&index, room) in &self.rooms {
@@ -646,7 +644,7 @@ impl<'a> Allowances<'a> {
 
 /// A bucket's tokens now: `tokens` at `refilled_at` (NULL: full), refilled at the rate up to the
 /// burst.
-fn refilled(row: &Row, rate: &RateLimit) -> f64 {
+pub(super) fn refilled(row: &Row, rate: &RateLimit) -> f64 {
     let burst = f64::from(rate.burst());
     let Some(tokens) = row.get::<_, Option<f64>>(2) else {
         return burst;
@@ -655,231 +653,7 @@ fn refilled(row: &Row, rate: &RateLimit) -> f64 {
     (tokens + since * rate.starts_per_second()).min(burst)
 }
 
-/// Claims up to `wanted` rows for a pool with gates, in one transaction (see the design note).
-pub(super) fn claim(store: &PgStore, gates: &Gates, wanted: usize) -> Result<GatedClaim, String> {
-    let lease_us = rows::micros(store.lease);
-    store.with_conn(|c| {
-        let mut tx = c.transaction()?;
-        let mut allow = Allowances::new(gates);
-        let mut claimed: Vec<Row> = Vec::new();
-        loop {
-            let want = wanted.saturating_sub(claimed.len());
-            let types: Vec<&str> = store
-                .types
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !allow.excluded.contains(&(*i as u32)))
-                .map(|(_, name)| name.as_str())
-                .collect();
-            if want == 0 || types.is_empty() {
-                break;
-            }
-            let limit = i64::try_from(want).unwrap_or(i64::MAX);
-            let picked = tx.query(PICK, &[&types, &limit, &lease_us, &gates.gated])?;
-            let full = picked.len() == want;
-            let mut candidates: Vec<(i16, std::time::SystemTime, i64, u32)> = Vec::new();
-            for row in picked {
-                if row.get::<_, Option<i64>>(4).is_some() {
-                    claimed.push(row);
-                    continue;
-                }
-                // Always found: the pick takes only this pool's types.
-                if let Some(index) = store.type_index(row.get(1)) {
-                    candidates.push((row.get(5), row.get(6), row.get(0), index));
-                }
-            }
-            if candidates.is_empty() {
-                break;
-            }
-            // The claim's order (the statement returns its rows in any order).
-            candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-            let mut types: Vec<u32> = candidates.iter().map(|c| c.3).collect();
-            types.sort_unstable();
-            types.dedup();
-            allow.read(&mut tx, &types)?;
-            let probes_before = allow.probes.len();
-            let mut kept = Vec::new();
-            let mut dropped = false;
-            for &(_, _, id, index) in &candidates {
-                if allow.take(index, id) {
-                    kept.push(id);
-                } else {
-                    dropped = true;
-                }
-            }
-            if !kept.is_empty() {
-                let (bucket_names, bucket_tokens) = allow.buckets();
-                let new_probes = &allow.probes[probes_before..];
-                let probe_names: Vec<&str> = new_probes
-                    .iter()
-                    .map(|&(d, _, _)| gates.downstreams[d].0)
-                    .collect();
-                let probe_ids: Vec<i64> = new_probes.iter().map(|&(_, id, _)| id).collect();
-                claimed.extend(tx.query(
-                    CLAIM_KEPT,
-                    &[
-                        &kept,
-                        &lease_us,
-                        &bucket_names,
-                        &bucket_tokens,
-                        &probe_names,
-                        &probe_ids,
-                    ],
-                )?);
-            }
-            if !dropped || !full {
-                break;
-            }
-        }
-        tx.commit()?;
-        let changes = allow
-            .probes
-            .iter()
-            .filter(|&&(_, _, from_open)| from_open)
-            .map(|&(d, _, _)| (gates.downstreams[d].0, BreakerState::HalfOpen))
-            .collect();
-        Ok(GatedClaim {
-            rows: claimed,
-            changes,
-            hold: std::mem::take(&mut allow.hold),
-        })
-    })
-}
-
 // ===== breaker outcomes =====
-
-/// Records what a run of task `seq`, leased as `lease`, says about downstream `downstream` (a
-/// registry index), before its ending is written, at `ended_at` (the time the run ended, as
-/// `PgStore::finish` takes it); reports a change of state. A run whose lease is lost or whose
-/// cancel was asked for says nothing; so does a `Neither` run, whose probe slot (if it was the
-/// probe) frees itself once its row stops running.
-pub(super) fn record(
-    store: &PgStore,
-    downstream: usize,
-    seq: i64,
-    lease: i64,
-    verdict: Verdict,
-    ended_at: Option<i64>,
-) {
-    let Some(&(name, breaker)) = store.registry.downstreams.get(downstream) else {
-        return;
-    };
-    let threshold = i32::try_from(breaker.failures()).unwrap_or(i32::MAX);
-    let rows = match verdict {
-        Verdict::Neither => return,
-        Verdict::Success => {
-            store.with_conn_at(ended_at, |c| c.query(SUCCEEDED, &[&name, &seq, &lease]))
-        }
-        Verdict::Failure => store.with_conn_at(ended_at, |c| {
-            c.query(FAILED, &[&name, &seq, &lease, &threshold])
-        }),
-    };
-    // A failed write loses one outcome at worst: the breaker stays as it was.
-    let Ok(rows) = rows else {
-        return;
-    };
-    for row in rows {
-        let (before, after): (&str, &str) = (row.get(0), row.get(1));
-        if before != after {
-            store.events.emit(Event::Breaker {
-                downstream: name,
-                state: BreakerState::parse(after),
-            });
-        }
-    }
-}
-
-/// Each breaker of the pool as its row says now, in registry order (no row yet: closed).
-pub(super) fn breaker_states(store: &PgStore) -> Vec<(&'static str, BreakerState)> {
-    let names: Vec<&'static str> = store
-        .registry
-        .downstreams
-        .iter()
-        .map(|&(name, _)| name)
-        .collect();
-    let rows = store
-        .with_conn(|c| {
-            c.query(
-                "SELECT name, state FROM tasq_gates WHERE kind = 'downstream' AND name = ANY($1)",
-                &[&names],
-            )
-        })
-        .unwrap_or_default();
-    let states: HashMap<&str, BreakerState> = rows
-        .iter()
-        .map(|row| (row.get(0), BreakerState::parse(row.get(1))))
-        .collect();
-    names
-        .iter()
-        .map(|&name| {
-            (
-                name,
-                states.get(name).copied().unwrap_or(BreakerState::Closed),
-            )
-        })
-        .collect()
-}
-
-/// The types of the pool whose ready tasks cannot start until the clock moves: an empty
-/// bucket, a breaker open and cooling down. (A concurrency limit or a probe holds tasks back
-/// only while others run.) For `wait_idle`.
-pub(super) fn held_until_later(store: &PgStore, gates: &Gates) -> Result<Vec<String>, String> {
-    let (types, downstreams) = gates.row_names();
-    let rows = store.with_conn(|c| c.query(READ, &[&types, &downstreams, &Vec::<&str>::new()]))?;
-    let mut held = Vec::new();
-    for row in &rows {
-        let kind: &str = row.get(0);
-        let name: &str = row.get(1);
-        if kind == "type" {
-            let Some(gate) = gates.types.iter().find(|t| t.name == name) else {
-                continue;
-            };
-            if let Some(rate) = gate.rate {
-                if refilled(row, &rate) < 1.0 - 1e-9 {
-                    held.push(name.to_owned());
-                }
-            }
-        } else if let Some(d) = gates.downstreams.iter().position(|&(n, _)| n == name) {
-            let cool_down = gates.downstreams[d].1.cool_down().as_secs_f64();
-            let open = BreakerState::parse(row.get(4)) == BreakerState::Open
-                && row.get::<_, Option<f64>>(5).unwrap_or(f64::INFINITY) < cool_down;
-            if open {
-                held.extend(
-                    gates
-                        .types
-                        .iter()
-                        .filter(|t| t.downstream == Some(d))
-                        .map(|t| t.name.to_owned()),
-                );
-            }
-        }
-    }
-    Ok(held)
-}
-
-/// The pool's concurrency limits hold over the rows (for `check_invariants`).
-pub(super) fn check(store: &PgStore, gates: &Gates) -> Result<(), String> {
-    for gate in &gates.types {
-        let Some(limit) = gate.concurrency else {
-            continue;
-        };
-        let running: i64 = store
-            .with_conn(|c| {
-                c.query_one(
-                    "SELECT count(*) FROM tasq_tasks WHERE status = 'running' AND type = $1",
-                    &[&gate.name],
-                )
-            })?
-            .get(0);
-        if running > i64::from(limit) {
-            return Err(format!(
-                "invariant broken: {running} tasks of {} run at once, over its limit of {limit}",
-                gate.name
-            ));
-        }
-    }
-    Ok(())
-}
 
 // ===== aging =====
 
@@ -887,71 +661,7 @@ pub(super) fn check(store: &PgStore, gates: &Gates) -> Result<(), String> {
 #[derive(Debug, Default)]
 pub(super) struct AgingTurn {
     /// When the next update is due, on the pool's clock (`None`: at once).
-    next: Option<Instant>,
+    pub(super) next: Option<Instant>,
     /// An update is in flight (its thread holds the turn).
-    running: bool,
-}
-
-/// Runs the aging update if one `every` of the pool's clock has passed since the last (see the
-/// design note); called by the fetcher before a claim (`wait`) and by the maintenance thread.
-///
-/// When the fetcher's call returns, the rows are aged to at least the clock's time at the call:
-/// the update that became due by then has committed, whichever thread ran it. So the fetcher
-/// waits for an update in flight in the maintenance thread, which may have taken the turn of
-/// the clock's latest move, rather than claim past it with the priorities of an `every` ago
-/// (the maintenance thread, for which an update in flight will do, never waits). An update's
-/// `tasq_now()` is read after the `now` that made it due, so it is never earlier.
-pub(super) fn age_if_due(store: &PgStore, wait: bool) {
-    let Some(aging) = store.registry.aging else {
-        return;
-    };
-    {
-        let mut turn = store.aging.lock();
-        while turn.running {
-            if !wait {
-                return;
-            }
-            store.aging_cv.wait(&mut turn);
-        }
-        let now = store.clock.now();
-        if turn.next.is_some_and(|at| now < at) {
-            return;
-        }
-        turn.next = Some(now.checked_add(aging.every()).unwrap_or(now));
-        turn.running = true;
-    }
-    // SQL never runs under the lock. The turn is handed back however this ends, a panic
-    // included: a fetcher waiting for it must not wait forever.
-    let mut turn = TurnEnd { store, aged: false };
-    let ceiling = i32::from(aging.ceiling());
-    let every_us = rows::micros(aging.every()).max(1);
-    loop {
-        match store.with_conn(|c| c.execute(AGE, &[&store.types, &ceiling, &every_us])) {
-            Ok(n) if n < 5000 => {
-                turn.aged = true;
-                return;
-            }
-            Ok(_) => {}
-            // Due again at once: tried at the next claim or maintenance step.
-            Err(_) => return,
-        }
-    }
-}
-
-/// Ends an aging turn when dropped: no update in flight any more (due again at once if this
-/// one did not finish), and the fetcher woken if it waits for the turn.
-struct TurnEnd<'a> {
-    store: &'a PgStore,
-    aged: bool,
-}
-
-impl Drop for TurnEnd<'_> {
-    fn drop(&mut self) {
-        let mut turn = self.store.aging.lock();
-        turn.running = false;
-        if !self.aged {
-            turn.next = None;
-        }
-        self.store.aging_cv.notify_all();
-    }
+    pub(super) running: bool,
 }

@@ -18,7 +18,8 @@
 use std::time::Duration;
 
 use super::conn::Sql;
-use super::{PgStore, rows};
+use super::rows;
+use super::store::PgStore;
 
 /// How long a role stays taken without a renewal: a dead leader's successor starts within this
 /// much (plus a pass).

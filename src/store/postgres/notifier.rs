@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
 
-use super::PgStore;
 use super::conn::{self, Sql};
+use super::store::PgStore;
 
 /// A listener that heard nothing for this long pings itself.
 pub(super) const PING_EVERY: Duration = Duration::from_secs(5);

@@ -19,7 +19,7 @@ use super::rows;
 /// or [`Builder::dead_letter_limit`](crate::Builder::dead_letter_limit) refuses to build a
 /// durable pool).
 ///
-/// Defaults (what [`migrate`](super::migrate) stores): finished tasks kept 24 hours whatever
+/// Defaults (what [`migrate`](super::migrate::migrate) stores): finished tasks kept 24 hours whatever
 /// their number, 10,000 dead letters.
 ///
 /// # Examples

@@ -21,7 +21,8 @@ use std::collections::HashMap;
 
 use crate::observe::stats::{Stats, TypeStats};
 
-use super::{PgStore, rows};
+use super::rows;
+use super::store::PgStore;
 
 /// Rows counted at most in one range; a count that reaches it becomes an estimate.
 pub(super) const CAP: i64 = 10_000;
@@ -124,7 +125,9 @@ pub(super) fn read(store: &PgStore) -> Result<Stats, String> {
     let mut by_priority: HashMap<u8, (usize, f64)> = HashMap::new();
     // The kinds whose count reached the cap.
     let mut capped: Vec<String> = Vec::new();
-    let rows = store.with_conn_within(super::READING_PATIENCE, |c| c.query_read(STATS, &[&CAP]))?;
+    let rows = store.with_conn_within(super::store::READING_PATIENCE, |c| {
+        c.query_read(STATS, &[&CAP])
+    })?;
     for row in &rows {
         let kind: &str = row.get(0);
         let n: i64 = row.get(2);
@@ -150,7 +153,7 @@ pub(super) fn read(store: &PgStore) -> Result<Stats, String> {
     }
     if !capped.is_empty() {
         stats.estimated = true;
-        let estimates = store.with_conn_within(super::READING_PATIENCE, |c| {
+        let estimates = store.with_conn_within(super::store::READING_PATIENCE, |c| {
             capped
                 .iter()
                 .map(|kind| estimate(c, estimated_kind(kind)))
@@ -177,7 +180,7 @@ pub(super) fn read(store: &PgStore) -> Result<Stats, String> {
         .collect();
     stats.oldest_ready = stats.oldest_ready_by_priority.iter().map(|&(_, a)| a).max();
     if !store.registry.downstreams.is_empty() {
-        stats.breakers = super::gates::breaker_states(store);
+        stats.breakers = super::gating::breaker_states(store);
     }
     Ok(stats)
 }
@@ -191,7 +194,7 @@ pub(super) fn empty_types(store: &PgStore) -> Vec<TypeStats> {
 /// Each registered type's backlog, or the error that kept it from being read.
 pub(super) fn read_types(store: &PgStore) -> Result<Vec<TypeStats>, String> {
     let mut types = empty_types(store);
-    let rows = store.with_conn_within(super::READING_PATIENCE, |c| {
+    let rows = store.with_conn_within(super::store::READING_PATIENCE, |c| {
         c.query_read(TYPE_STATS, &[&CAP, &store.types])
     })?;
     for row in rows {
