@@ -192,7 +192,7 @@ impl Pool {
     }
 
     /// Takes a dead letter's payload out of the pool, to inspect it, store it elsewhere or
-    /// drop it: the task stays [`Failed`](TaskState::Failed) but leaves the dead letters, and can
+    /// drop it: the task stays [`Failed`](crate::TaskState::Failed) but leaves the dead letters, and can
     /// no longer be resubmitted. `None` if `id` is not a dead letter of type `ty` (unknown,
     /// not failed, already resubmitted or taken, or of another type).
     ///

@@ -5,8 +5,8 @@ use std::time::Duration;
 use crate::gates::limit::RateLimit;
 use crate::model::retry::RetryPolicy;
 
-/// Options for one task type, given to [`Builder::register_with`]. Unset options fall back to
-/// the pool's ([`Builder::max_attempts`], [`Builder::retry_policy`]).
+/// Options for one task type, given to [`Builder::register_with`](crate::Builder::register_with). Unset options fall back to
+/// the pool's ([`Builder::max_attempts`](crate::Builder::max_attempts), [`Builder::retry_policy`](crate::Builder::retry_policy)).
 ///
 /// # Examples
 ///
@@ -79,16 +79,16 @@ impl TypeOptions {
     }
 
     /// How long one run of this type may take. At the timeout the run's token fires
-    /// ([`Context::is_cancelled`], [`CancelToken::sleep`](crate::CancelToken::sleep)). A run
+    /// ([`Context::is_cancelled`](crate::Context::is_cancelled), [`CancelToken::sleep`](crate::CancelToken::sleep)). A run
     /// that lasts its timeout or longer (on the pool's clock) counts as a retryable failure
     /// whatever the handler returns, even if it returned before the token could be fired, and
     /// once no attempt is left the task is a dead letter with
     /// [`FailureReason::TimedOut`](crate::FailureReason::TimedOut). A panic stays a panic.
     ///
     /// A thread cannot be killed: a handler that ignores its token keeps its worker until it
-    /// returns. One still running [`Builder::stuck_after`] past its timeout is reported as stuck
-    /// ([`Event::Stuck`], [`Stats::stuck`](crate::Stats::stuck)). Zero makes
-    /// the build fail with [`BuildError::InvalidSetting`]. Defaults to no timeout.
+    /// returns. One still running [`Builder::stuck_after`](crate::Builder::stuck_after) past its timeout is reported as stuck
+    /// ([`Event::Stuck`](crate::Event::Stuck), [`Stats::stuck`](crate::Stats::stuck)). Zero makes
+    /// the build fail with [`BuildError::InvalidSetting`](crate::BuildError::InvalidSetting). Defaults to no timeout.
     ///
     /// # Examples
     ///
@@ -116,9 +116,9 @@ impl TypeOptions {
     }
 
     /// The downstream this type's handler calls (a service, a database), whose circuit
-    /// breaker ([`Builder::breaker`]) holds the type's tasks back while it is open. Several
+    /// breaker ([`Builder::breaker`](crate::Builder::breaker)) holds the type's tasks back while it is open. Several
     /// types may name one downstream. A name without a breaker makes the build fail with
-    /// [`BuildError::InvalidSetting`]. Defaults to none.
+    /// [`BuildError::InvalidSetting`](crate::BuildError::InvalidSetting). Defaults to none.
     ///
     /// # Examples
     ///
@@ -133,7 +133,7 @@ impl TypeOptions {
 
     /// At most `tasks` of this type run at once (in this pool; on the durable store, in every
     /// pool on the database). The others wait ready, burning no attempt. Zero makes the build
-    /// fail with [`BuildError::InvalidSetting`]. Defaults to no limit.
+    /// fail with [`BuildError::InvalidSetting`](crate::BuildError::InvalidSetting). Defaults to no limit.
     ///
     /// # Examples
     ///

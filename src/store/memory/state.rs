@@ -20,7 +20,7 @@
 //!    `dependents` list may also name tasks that have ended since (cancelled while blocked) and
 //!    that retention may already have forgotten: those are skipped, never looked up with
 //!    `expect`.
-//! 4. A `Running` task's payload is held by exactly one worker's [`Claim`], and its token is in
+//! 4. A `Running` task's payload is held by exactly one worker's [`Claim`](crate::store::Claim), and its token is in
 //!    `tokens` (no other task's is); every other non-terminal record holds its payload.
 //! 5. `counts` equals the number of records in each non-terminal state (dormant tasks count as
 //!    scheduled).

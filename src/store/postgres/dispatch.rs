@@ -930,7 +930,7 @@ impl PgStore {
     }
 
     /// Cancels the task that `lookup` finds and locks (`$1` is `param`; it returns the row's
-    /// `id, status, has_dependents`), as [`Store::cancel`] does: one not started ends cancelled
+    /// `id, status, has_dependents`), as [`Store::cancel`](crate::store::Store::cancel) does: one not started ends cancelled
     /// with its dependents, a running one has its cancel asked for. `None` if no row matched.
     pub(super) fn cancel_row(
         &self,

@@ -67,7 +67,7 @@
 //! thread, once per `every` on the pool's clock: a due ready row below the ceiling gets
 //! `LEAST(ceiling, own + (tasq_now() - run_at) / every)`, its own priority kept in `base_priority`.
 //! A claim never passes an update that was due when it began: if the maintenance thread has that
-//! update in flight, the fetcher waits for it ([`age_if_due`]). A row is written only when it earns
+//! update in flight, the fetcher waits for it ([`age_if_due`](super::gating::age_if_due)). A row is written only when it earns
 //! a level (at most `ceiling - own` times), and every return to `ready` (a retry, a give-back, the
 //! reaper) restores its own priority. Equal effective priorities still run `run_at` first, then by
 //! id.

@@ -39,7 +39,7 @@
 //! `Local` is the only state under a lock here; SQL never runs while it is held, nor does user
 //! code (payloads are decoded, outputs encoded and values dropped outside it).
 
-/// The columns [`PgStore::info_of_row`] reads, of a row `t` of `tasq_tasks` (a macro, so that
+/// The columns [`PgStore::info_of_row`](store::PgStore::info_of_row) reads, of a row `t` of `tasq_tasks` (a macro, so that
 /// statements `concat!` it).
 macro_rules! info_columns {
     () => {

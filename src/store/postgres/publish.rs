@@ -1,5 +1,5 @@
 //! What local handles and tokens see of rows: outcomes published to completions, tokens fired,
-//! rows read back as [`TaskInfo`](crate::TaskInfo) and as pages of tasks.
+//! rows read back as `TaskInfo` and as pages of tasks.
 
 use std::time::{Duration, Instant};
 
