@@ -143,14 +143,14 @@ fn paths_after(code: &str, head: &str) -> Vec<Vec<String>> {
         if before.is_some_and(|c| is_ident(c) || c == ':' || c == '$') {
             continue;
         }
-        expand(&code[from..], &mut Vec::new(), &mut out);
+        expand(&code[from..], &[], &mut out);
     }
     out
 }
 
 /// Reads one path (and its `{…}` group, recursively) from the start of `rest`.
-fn expand(rest: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-    let mut segs = prefix.clone();
+fn expand(rest: &str, prefix: &[String], out: &mut Vec<Vec<String>>) {
+    let mut segs = prefix.to_vec();
     let mut rest = rest;
     loop {
         let rest_trim = rest.trim_start();
@@ -158,18 +158,18 @@ fn expand(rest: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
             // Split the group at its top-level commas.
             let mut depth = 0;
             let mut start = 0;
-            let bytes: Vec<char> = group.chars().collect();
+            let chars: Vec<char> = group.chars().collect();
             let mut parts = Vec::new();
-            for (i, &c) in bytes.iter().enumerate() {
+            for (i, &c) in chars.iter().enumerate() {
                 match c {
                     '{' => depth += 1,
                     '}' if depth == 0 => {
-                        parts.push(bytes[start..i].iter().collect::<String>());
+                        parts.push(chars[start..i].iter().collect::<String>());
                         break;
                     }
                     '}' => depth -= 1,
                     ',' if depth == 0 => {
-                        parts.push(bytes[start..i].iter().collect::<String>());
+                        parts.push(chars[start..i].iter().collect::<String>());
                         start = i + 1;
                     }
                     _ => {}
@@ -181,7 +181,7 @@ fn expand(rest: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
                     out.push(segs.clone());
                     continue;
                 }
-                expand(part, &mut segs.clone(), out);
+                expand(part, &segs, out);
             }
             return;
         }
@@ -199,7 +199,6 @@ fn expand(rest: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
     if !segs.is_empty() {
         out.push(segs);
     }
-    let _ = prefix;
 }
 
 impl Crate {
