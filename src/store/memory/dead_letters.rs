@@ -293,7 +293,7 @@ impl State {
 
     /// A record that left `dead`: its payload goes (invariant 9), and the record too if
     /// retention already passed over it.
-    pub(super) fn drop_dead_payload(&mut self, seq: Seq, effects: &mut Effects) {
+    fn drop_dead_payload(&mut self, seq: Seq, effects: &mut Effects) {
         let Some(record) = self.records.get_mut(&seq) else {
             return;
         };

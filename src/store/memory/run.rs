@@ -65,7 +65,7 @@ impl State {
 
     /// Pops ready tasks, best first (by effective priority under aging), until one whose gates
     /// let it start; holds back the others (see `gate.rs`). `None` once `ready` is empty.
-    pub(super) fn pop_admitted(&mut self, now: Instant, wakes: &mut Wakes) -> Option<Seq> {
+    fn pop_admitted(&mut self, now: Instant, wakes: &mut Wakes) -> Option<Seq> {
         let stamp = self.stamp(now);
         loop {
             let records = &self.records;
@@ -120,7 +120,7 @@ impl State {
 
     /// Releases tasks held at `gate` back to `ready` (see [`Gates::release`](super::gate::Gates::release)), unless the pool
     /// stops; returns how many.
-    pub(super) fn release(&mut self, gate: Gate, now: Instant) -> usize {
+    fn release(&mut self, gate: Gate, now: Instant) -> usize {
         if self.stopping {
             return 0;
         }
@@ -137,7 +137,7 @@ impl State {
 
     /// A task of a gated type left `Running` with `verdict`: its gates count it out, and those
     /// that may have opened release what they can (invariants 12 to 14).
-    pub(super) fn run_ended(
+    fn run_ended(
         &mut self,
         type_index: u32,
         verdict: Verdict,

@@ -105,7 +105,7 @@ pub(super) struct Counts {
 }
 
 impl Counts {
-    pub(super) fn slot(&mut self, state: TaskState) -> Option<&mut usize> {
+    fn slot(&mut self, state: TaskState) -> Option<&mut usize> {
         match state {
             TaskState::Blocked => Some(&mut self.blocked),
             TaskState::Scheduled => Some(&mut self.scheduled),
@@ -127,7 +127,7 @@ impl Counts {
         }
     }
 
-    pub(super) fn outstanding(&self) -> usize {
+    fn outstanding(&self) -> usize {
         self.blocked + self.scheduled + self.ready + self.running
     }
 }
@@ -188,7 +188,7 @@ pub(crate) struct State {
     /// in before the task).
     pub(super) early_drops: IdMap<()>,
     /// The last clock reading stamped, and its stamp (see [`State::stamp`]).
-    pub(super) stamp_memo: (Instant, Stamp),
+    stamp_memo: (Instant, Stamp),
     /// This pool's id: the first half of every [`TaskId`] it gives.
     pub(super) pool: u64,
     /// Where dead letters and breaker changes are reported (a channel send: no user code runs
@@ -603,7 +603,7 @@ impl State {
 
     /// [`make_runnable`](Self::make_runnable), ready since `since` at the latest; `due`: ready
     /// whatever `now` says.
-    pub(super) fn make_runnable_since(
+    fn make_runnable_since(
         &mut self,
         id: Seq,
         now: Instant,
@@ -654,7 +654,7 @@ impl State {
     /// Moves the scheduled tasks due at `upto` to the ready queue, earliest due first, then by
     /// id (the delayed heap's order: so within a priority they run in due order), marking them
     /// ready since `since`; returns how many.
-    pub(super) fn promote_delayed(&mut self, upto: Stamp, since: Stamp) -> usize {
+    fn promote_delayed(&mut self, upto: Stamp, since: Stamp) -> usize {
         let mut promoted = 0;
         while let Some(id) = self.delayed.pop_due(upto) {
             self.rouse(id);

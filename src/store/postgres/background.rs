@@ -201,7 +201,7 @@ fn poll_waiters(store: &PgStore) {
 /// The reaper: running tasks whose lease expired go back to `ready`, or end (failed with their
 /// attempts used up, cancelled if a cancel was asked for), with their dependents, in one
 /// transaction.
-pub(super) fn reap(store: &PgStore) -> Result<usize, String> {
+fn reap(store: &PgStore) -> Result<usize, String> {
     store.with_conn(|c| {
         let mut tx = c.transaction()?;
         let rows = tx.query(

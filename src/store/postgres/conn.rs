@@ -30,7 +30,7 @@ pub(super) struct Conn {
 /// A pooled connection idle this long is checked before use: its server process may have been
 /// terminated meanwhile (an outage, a restart, `pg_terminate_backend`), and a statement sent on
 /// it would fail at once. Connections in steady use skip the check (it costs a round trip).
-pub(super) const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Where the store's statements run: a pooled connection or a transaction on one (both keep
 /// the connection's prepared statements), or a caller's own transaction (prepared at each run).
@@ -260,7 +260,7 @@ pub(super) fn describe(error: &postgres::Error) -> String {
 /// server's machine vanished, a network path dropped) within about ten seconds instead of
 /// leaving a statement or the listener waiting on it for ever. Settings the connection string
 /// gives are kept.
-pub(super) fn tcp_settings(config: &mut Config) {
+fn tcp_settings(config: &mut Config) {
     if config.get_keepalives_idle() == std::time::Duration::from_secs(2 * 60 * 60) {
         config
             .keepalives(true)

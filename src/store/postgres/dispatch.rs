@@ -561,11 +561,7 @@ pub(super) fn enforce_dead_letter_limit(tx: &mut impl Sql) -> Result<u64, postgr
 /// dependent the recursive query finds (levels interleave in id order: a second-level task may
 /// come before a first-level one), then each level's rows again as it is updated (only an edge
 /// committed since adds a lock, in that level's order).
-pub(super) fn cascade(
-    tx: &mut impl Sql,
-    root: i64,
-    reason: &str,
-) -> Result<Vec<i64>, postgres::Error> {
+fn cascade(tx: &mut impl Sql, root: i64, reason: &str) -> Result<Vec<i64>, postgres::Error> {
     tx.query(
         "WITH RECURSIVE doomed(id) AS (
              SELECT dependent FROM tasq_deps WHERE dependency = $1

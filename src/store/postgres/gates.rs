@@ -109,7 +109,7 @@ pub(crate) const PICK: &str = "
 
 /// Locks the gate rows of the types `$1` and of the downstreams `$2` that are not closed, passing
 /// over the rows another transaction holds (see the design note).
-pub(super) const LOCK: &str = "
+const LOCK: &str = "
     SELECT kind, name FROM tasq_gates
     WHERE (kind = 'type' AND name = ANY($1))
        OR (kind = 'downstream' AND name = ANY($2) AND state <> 'closed')
@@ -163,7 +163,7 @@ pub(super) const CLAIM_KEPT: &str = "
 
 /// Makes the gate rows the pool uses, if missing: the types `$1` (a full bucket) and the
 /// downstreams `$2` (closed).
-pub(super) const ENSURE: &str = "
+const ENSURE: &str = "
     INSERT INTO tasq_gates (kind, name, refilled_at)
     SELECT 'type', name, tasq_now() FROM unnest($1::TEXT[]) AS name
     UNION ALL
@@ -240,7 +240,7 @@ pub(crate) const AGE: &str = concat!(
 );
 
 /// How long to wait before claiming again when a gate row was busy or missing.
-pub(super) const SOON: Duration = Duration::from_millis(20);
+const SOON: Duration = Duration::from_millis(20);
 
 // ===== the pool's gates =====
 
@@ -256,11 +256,11 @@ pub(super) struct TypeGate {
 
 impl TypeGate {
     /// Whether the type has a row of its own (a limit): its claims serialise on it.
-    pub(super) fn has_row(&self) -> bool {
+    fn has_row(&self) -> bool {
         self.concurrency.is_some() || self.rate.is_some()
     }
 
-    pub(super) fn is_gated(&self) -> bool {
+    fn is_gated(&self) -> bool {
         self.has_row() || self.downstream.is_some()
     }
 }
@@ -331,13 +331,13 @@ pub(super) fn ensure_rows(client: &mut impl Sql, gates: &Gates) -> Result<(), po
 pub(super) struct Hold {
     /// A bucket holds its next token, or a breaker ends its cool-down, this long from now on the
     /// pool's clock.
-    pub(super) clock_wait: Option<Duration>,
+    clock_wait: Option<Duration>,
     /// A gate row was busy or missing: claim again soon (real time).
-    pub(super) soon: bool,
+    soon: bool,
 }
 
 impl Hold {
-    pub(super) fn wait(&mut self, wait: Duration) {
+    fn wait(&mut self, wait: Duration) {
         self.clock_wait = Some(self.clock_wait.map_or(wait, |w| w.min(wait)));
     }
 
@@ -367,17 +367,17 @@ pub(super) struct GatedClaim {
 
 /// What a type may still start in this claim.
 #[derive(Debug, Default)]
-pub(super) struct TypeRoom {
+struct TypeRoom {
     /// Its concurrency limit's room (none: no limit).
-    pub(super) running_room: Option<u64>,
+    running_room: Option<u64>,
     /// Its bucket's tokens, refilled (none: no rate limit).
     pub(super) tokens: Option<f64>,
     /// Tokens drawn in this claim.
-    pub(super) drawn: u32,
+    drawn: u32,
 }
 
 impl TypeRoom {
-    pub(super) fn allowance(&self) -> u64 {
+    fn allowance(&self) -> u64 {
         let by_tokens = self
             .tokens
             .map(|t| ((t - f64::from(self.drawn)) + 1e-9).floor().max(0.0) as u64);
@@ -390,7 +390,7 @@ impl TypeRoom {
 
 /// What a downstream's breaker lets start in this claim.
 #[derive(Debug)]
-pub(super) enum Pass {
+enum Pass {
     /// Closed: anything.
     Open,
     /// One probe; `true` if taking it moves the breaker from open to half-open.
@@ -403,9 +403,9 @@ pub(super) enum Pass {
 pub(super) struct Allowances<'a> {
     pub(super) gates: &'a Gates,
     /// Types whose gates were read, with their room.
-    pub(super) rooms: HashMap<u32, TypeRoom>,
+    rooms: HashMap<u32, TypeRoom>,
     /// Downstreams whose breakers were read.
-    pub(super) passes: HashMap<usize, Pass>,
+    passes: HashMap<usize, Pass>,
     /// Types not to pick again in this claim.
     pub(super) excluded: HashSet<u32>,
     /// Probes taken: downstream, row id, from open.
@@ -524,7 +524,7 @@ impl<'a> Allowances<'a> {
     }
 
     /// What breaker row `row` lets through (locked: this transaction holds its lock).
-    pub(super) fn pass(&mut self, row: &Row, breaker: &Breaker, locked: bool) -> Pass {
+    fn pass(&mut self, row: &Row, breaker: &Breaker, locked: bool) -> Pass {
         let state = BreakerState::parse(row.get(4));
         if state == BreakerState::Closed {
             return Pass::Open;
@@ -597,7 +597,7 @@ impl<'a> Allowances<'a> {
 
     /// Records why type `index` holds a task back, for the fetcher's next wake-up (a breaker's
     /// reason was noted when it was read).
-    pub(super) fn note_held(&mut self, index: u32) {
+    fn note_held(&mut self, index: u32) {
         let gate = self.gates.types[index as usize];
         let Some(room) = self.rooms.get(&index) else {
             return;
@@ -615,7 +615,7 @@ impl<'a> Allowances<'a> {
 
     /// Excludes `index` from later picks, with every type of its downstream if the breaker
     /// lets nothing more through.
-    pub(super) fn exclude(&mut self, index: u32) {
+    fn exclude(&mut self, index: u32) {
         self.excluded.insert(index);
         if let Some(d) = self.gates.types[index as usize].downstream {
             if matches!(self.passes.get(&d), Some(Pass::Shut)) {

@@ -23,7 +23,7 @@ use super::store::PgStore;
 
 /// How long a role stays taken without a renewal: a dead leader's successor starts within this
 /// much (plus a pass).
-pub(super) const TERM: Duration = Duration::from_secs(5);
+const TERM: Duration = Duration::from_secs(5);
 
 /// The role that runs the cleaner.
 pub(super) const CLEANER: &str = "cleaner";

@@ -30,10 +30,10 @@ use super::conn::{self, Sql};
 use super::store::PgStore;
 
 /// A listener that heard nothing for this long pings itself.
-pub(super) const PING_EVERY: Duration = Duration::from_secs(5);
+const PING_EVERY: Duration = Duration::from_secs(5);
 
 /// A ping that has not come back within this is a dead listener.
-pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(2);
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -50,7 +50,7 @@ pub(super) struct Notifier {
     /// A ping sent and not yet back: when it was sent.
     ping_sent: Option<Instant>,
     /// Listeners made so far (the first included).
-    pub(super) connections: u64,
+    connections: u64,
 }
 
 impl Notifier {

@@ -105,7 +105,7 @@ impl PgStore {
 
     /// A terminal row's outcome, with its output decoded (outside any lock: the output's
     /// `Deserialize` is user code).
-    pub(super) fn finished_of_row(&self, row: &Row) -> Finished {
+    fn finished_of_row(&self, row: &Row) -> Finished {
         let status: &str = row.get("status");
         match status {
             "succeeded" => {

@@ -18,10 +18,10 @@ use crate::store::{Claim, StoreHub};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 use crate::unwind;
 
-pub(super) type Db = r2d2::Pool<super::conn::Connector>;
+type Db = r2d2::Pool<super::conn::Connector>;
 
 /// How long the store waits for the database before an operation fails (see `error.rs`).
-pub(super) const PATIENCE: Duration = Duration::from_secs(60);
+const PATIENCE: Duration = Duration::from_secs(60);
 
 /// How long a reading of the queue's figures (`Pool::try_stats`, the alerts' and metrics'
 /// samples) waits for the database before it says the store is away.
@@ -78,7 +78,7 @@ impl Local {
 }
 
 /// Why a statement failed: no connection, or the database's error.
-pub(super) enum StoreFailure {
+enum StoreFailure {
     Connect(String),
     Db(postgres::Error),
     /// The connection was lost before anything of the work could commit (see
@@ -208,7 +208,7 @@ impl PgStore {
     /// away (an outage, a restart) is dropped and another taken, so no statement is sent on it.
     ///
     /// `check`: check it whether idle or not.
-    pub(super) fn conn(
+    fn conn(
         &self,
         check: bool,
         give_up: Instant,
@@ -276,7 +276,7 @@ impl PgStore {
     }
 
     /// The body of the `with_conn` family: connections are waited for until `give_up`.
-    pub(super) fn with_conn_for<R>(
+    fn with_conn_for<R>(
         &self,
         at: Option<i64>,
         give_up: Instant,
@@ -317,7 +317,7 @@ impl PgStore {
         }
     }
 
-    pub(super) fn try_with_conn<R>(
+    fn try_with_conn<R>(
         &self,
         at: Option<i64>,
         check: bool,

@@ -179,7 +179,7 @@ pub(super) fn due_now((_, duplicate, status): (i64, bool, &str), delay: Duration
 
 /// The task that holds `key` (its row: id, type), for a submit of `type_name` with that key:
 /// a duplicate of it, or a conflict if it is of another type.
-pub(super) fn key_holder(
+fn key_holder(
     queue: u64,
     key: &str,
     type_name: &str,
