@@ -1509,3 +1509,66 @@ fn retention_dropping_many_failed_records_whose_errors_panic_on_drop() {
         },
     );
 }
+
+// ===== the handlers' own captures =====
+
+/// A handler's capture whose `Drop` reports that it ran, then panics.
+struct ReportsThenPanics(&'static str, Sender<&'static str>);
+
+impl Drop for ReportsThenPanics {
+    fn drop(&mut self) {
+        let _ = self.1.send(self.0);
+        if !thread::panicking() {
+            panic!("{EXPECTED}: the Drop of the capture of handler {}", self.0);
+        }
+    }
+}
+
+/// The handlers are user closures, and their captures' `Drop`s are user code. Dropping the pool
+/// drops them (the workers were joined: the pool holds the last reference); two that panic
+/// must not panic the caller, and the second must still be dropped after the first's panic.
+#[test]
+fn handlers_whose_captures_panic_on_drop_are_dropped_quietly_with_the_pool() {
+    const FIRST: TaskType<(), ()> = TaskType::new("first");
+    const SECOND: TaskType<(), ()> = TaskType::new("second");
+    watchdog("deadlock: dropping handlers whose captures panic", || {
+        let (dropped_tx, dropped) = crossbeam_channel::unbounded();
+        let first = ReportsThenPanics("first", dropped_tx.clone());
+        let second = ReportsThenPanics("second", dropped_tx);
+        let pool = TestPool::new(
+            builder(1)
+                .register(FIRST, move |_, _: &()| {
+                    let _ = &first;
+                    Ok::<_, HandlerError>(())
+                })
+                .register(SECOND, move |_, _: &()| {
+                    let _ = &second;
+                    Ok::<_, HandlerError>(())
+                }),
+        );
+        let ran = [
+            pool.submit(FIRST.task(())).unwrap(),
+            pool.submit(SECOND.task(())).unwrap(),
+        ];
+        for handle in &ran {
+            assert_eq!(outcome(handle, "a handler's task"), Outcome::Succeeded(()));
+        }
+        shut_down(&pool);
+
+        if let Err(p) = panic::catch_unwind(AssertUnwindSafe(move || drop(pool))) {
+            panic!(
+                "dropping a pool whose handlers' captures panic panicked: {}",
+                panic_message(&*p)
+            );
+        }
+        let mut names = vec![
+            recv(&dropped, "the first capture dropped"),
+            recv(
+                &dropped,
+                "the second capture dropped, after the first's panic",
+            ),
+        ];
+        names.sort_unstable();
+        assert_eq!(names, ["first", "second"]);
+    });
+}
