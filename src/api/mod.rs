@@ -7,5 +7,6 @@ pub(crate) mod builder;
 mod dead_letters;
 #[cfg(feature = "postgres")]
 mod durable;
+mod oversight;
 pub(crate) mod pool;
 pub(crate) mod type_options;

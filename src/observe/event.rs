@@ -5,11 +5,17 @@ use std::time::Duration;
 
 use crate::gates::breaker::BreakerState;
 use crate::model::id::TaskId;
-use crate::model::state::FailureReason;
+use crate::model::state::{CancelReason, FailureReason};
 use crate::observe::alert::{Alert, AlertValue};
 
 /// Something an operator should hear about, given to the hooks of
 /// [`Builder::on_event`](crate::Builder::on_event).
+///
+/// The hooks always hear what an operator must see (dead letters, stuck handlers, breakers,
+/// alerts, declaration mismatches). A task's ordinary life (`Submitted`, `Started`,
+/// `Succeeded`, `Retrying`, `Cancelled`; its failure is its `DeadLetter`) is told only to a pool
+/// built with [`Builder::lifecycle_events`](crate::Builder::lifecycle_events); without it these
+/// events are never made, and cost one `bool` check each.
 ///
 /// # Examples
 ///
@@ -32,7 +38,7 @@ use crate::observe::alert::{Alert, AlertValue};
 #[non_exhaustive]
 pub enum Event {
     /// A task ended failed: it is a dead letter. Reported once per dead letter, by the process
-    /// that ended it.
+    /// that ended it. This is also the lifecycle's *failed* event.
     DeadLetter {
         /// The task.
         id: TaskId,
@@ -95,6 +101,60 @@ pub enum Event {
         /// Who declared it the other way, and when: `"4711@worker-3 at 2026-12-05 07:12:03 UTC"`.
         declared_by: String,
     },
+    /// (Lifecycle.) `submit` in this pool accepted a task (a duplicate key's submit is not a
+    /// new task, and is not told).
+    Submitted {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// Its priority.
+        priority: u8,
+    },
+    /// (Lifecycle.) A worker of this pool started a run of a task.
+    Started {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// The run's attempt, 1 for the first.
+        attempt: u32,
+    },
+    /// (Lifecycle.) A run in this pool succeeded, and the store recorded it.
+    Succeeded {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// The attempt that succeeded.
+        attempt: u32,
+    },
+    /// (Lifecycle.) A run in this pool failed with attempts left, and the store recorded that
+    /// the task runs again after `delay`.
+    Retrying {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// The attempt that failed.
+        attempt: u32,
+        /// How long until the next attempt may start.
+        delay: Duration,
+        /// The error's text.
+        error: String,
+    },
+    /// (Lifecycle.) A task ended cancelled, by this pool: a cancel of a waiting task, a running
+    /// task's run ending after its cancel, a dependent of a task that failed or was cancelled,
+    /// or (embedded store) the shutdown. On the durable store, the dependents a cascade cancels
+    /// are not told one by one: their root's `DeadLetter` or `Cancelled` is.
+    Cancelled {
+        /// The task.
+        id: TaskId,
+        /// Its type's name.
+        task_type: &'static str,
+        /// Why.
+        reason: CancelReason,
+    },
 }
 
 impl fmt::Display for Event {
@@ -134,6 +194,36 @@ impl fmt::Display for Event {
                 "task type {task_type} is declared here otherwise than by {declared_by}: \
                  {differences}"
             ),
+            Event::Submitted {
+                id,
+                task_type,
+                priority,
+            } => write!(f, "{id} submitted ({task_type}, priority {priority})"),
+            Event::Started {
+                id,
+                task_type,
+                attempt,
+            } => write!(f, "{id} started ({task_type}, attempt {attempt})"),
+            Event::Succeeded {
+                id,
+                task_type,
+                attempt,
+            } => write!(f, "{id} succeeded ({task_type}, attempt {attempt})"),
+            Event::Retrying {
+                id,
+                task_type,
+                attempt,
+                delay,
+                error,
+            } => write!(
+                f,
+                "{id} will retry in {delay:?} ({task_type}, attempt {attempt} failed): {error}"
+            ),
+            Event::Cancelled {
+                id,
+                task_type,
+                reason,
+            } => write!(f, "{id} cancelled ({task_type}): {reason}"),
         }
     }
 }

@@ -60,6 +60,8 @@ enum Message {
 struct Shared {
     /// Whether hooks were set.
     hooks: bool,
+    /// Whether the hooks hear a task's ordinary life (`Builder::lifecycle_events`, and hooks).
+    lifecycle: bool,
     /// Events queued for the hooks.
     sent: AtomicU64,
     /// Events the hooks have seen; `flush` waits here.
@@ -73,14 +75,15 @@ impl Events {
     /// Events that go nowhere: counted and dropped (the stores' unit tests use it).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn none() -> Self {
-        Events::with(Outlet::Closed, false)
+        Events::with(Outlet::Closed, false, false)
     }
 
-    fn with(outlet: Outlet, hooks: bool) -> Self {
+    fn with(outlet: Outlet, hooks: bool, lifecycle: bool) -> Self {
         Events {
             outlet: Arc::new(Mutex::new(outlet)),
             shared: Arc::new(Shared {
                 hooks,
+                lifecycle,
                 sent: AtomicU64::new(0),
                 delivered: Mutex::new(0),
                 cv: Condvar::new(),
@@ -92,11 +95,19 @@ impl Events {
 
     /// Starts the dispatcher thread for `hooks`; without hooks it waits for a `tracing`
     /// subscriber to want an event.
-    pub(crate) fn start(hooks: Vec<Hook>, thread_name: &str) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        hooks: Vec<Hook>,
+        lifecycle: bool,
+        thread_name: &str,
+    ) -> std::io::Result<Self> {
         if hooks.is_empty() {
-            return Ok(Events::with(Outlet::Idle(thread_name.to_owned()), false));
+            return Ok(Events::with(
+                Outlet::Idle(thread_name.to_owned()),
+                false,
+                false,
+            ));
         }
-        let events = Events::with(Outlet::Closed, true);
+        let events = Events::with(Outlet::Closed, true, lifecycle);
         let tx = events.spawn_dispatcher(hooks, thread_name)?;
         *events.outlet.lock() = Outlet::Open(tx);
         Ok(events)
@@ -146,6 +157,17 @@ impl Events {
     }
 
     /// A task ended failed.
+    /// Tells the hooks of a task's ordinary life, if the pool was built to
+    /// ([`Builder::lifecycle_events`](crate::Builder::lifecycle_events)) and has hooks; else
+    /// `make` is never called: one `bool` check. Callers may hold a store's lock: nothing here
+    /// runs user code (the dispatcher's thread does).
+    #[inline]
+    pub(crate) fn lifecycle(&self, make: impl FnOnce() -> Event) {
+        if self.shared.lifecycle {
+            self.emit(make());
+        }
+    }
+
     pub(crate) fn dead_letter(&self, id: TaskId, task_type: &'static str, failure: &Failure) {
         self.shared.dead_letters[failure.reason.index()].fetch_add(1, Ordering::Relaxed);
         if self.listening() {

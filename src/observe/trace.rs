@@ -138,6 +138,13 @@ pub(crate) fn event(event: &Event) {
             target: "tasq", task_type, differences = differences.as_str(),
             declared_by = declared_by.as_str(), "task type declared otherwise elsewhere"
         ),
+        // A task's ordinary life is traced where it happens (`submitted`, `run`, `retry`,
+        // `cancelled` above), inside the run's span: not a second time from here.
+        Event::Submitted { .. }
+        | Event::Started { .. }
+        | Event::Succeeded { .. }
+        | Event::Retrying { .. }
+        | Event::Cancelled { .. } => {}
     }
     #[cfg(not(feature = "tracing"))]
     let _ = event;

@@ -28,6 +28,7 @@ use crate::sync::{self, Arc, Condvar, JoinHandle, Mutex, Weak};
 /// The monitor's settings, checked by the builder.
 pub(crate) struct Watch {
     pub(crate) hooks: Vec<Hook>,
+    pub(crate) lifecycle: bool,
     pub(crate) alerts: Vec<Alert>,
     pub(crate) stuck_after: Duration,
     pub(crate) interval: Duration,
@@ -87,7 +88,11 @@ impl Monitor {
         clock: Clock,
         thread_name: &str,
     ) -> std::io::Result<Arc<Monitor>> {
-        let events = Events::start(std::mem::take(&mut watch.hooks), thread_name)?;
+        let events = Events::start(
+            std::mem::take(&mut watch.hooks),
+            watch.lifecycle,
+            thread_name,
+        )?;
         let monitor = Arc::new(Monitor {
             events,
             runs: RunMetrics::new(registry.entries().len(), workers),

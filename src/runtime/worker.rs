@@ -10,6 +10,7 @@ use crate::client::context::Context;
 use crate::client::current::Running;
 use crate::model::id::TaskId;
 use crate::model::state::{Failure, FailureReason};
+use crate::observe::event::Event;
 use crate::observe::metrics::RunEnd;
 use crate::observe::trace;
 use crate::runtime::handlers::{ErasedHandler, Handlers};
@@ -171,6 +172,11 @@ fn run<S: Store, R: Rng>(
         );
         let timed = settings.timeout.map(|timeout| {
             monitor.begin(claim.id, entry.name, claim.attempt, &claim.token, timeout)
+        });
+        monitor.events.lifecycle(|| Event::Started {
+            id: claim.id,
+            task_type: entry.name,
+            attempt: claim.attempt,
         });
         let outcome = {
             let _running = Running::enter(claim.id);

@@ -125,6 +125,7 @@ impl TestBuilder {
         fn alert(alert: tasq::Alert);
         fn stuck_after(grace: Duration);
         fn monitor_interval(interval: Duration);
+        fn lifecycle_events(on: bool);
     }
 
     /// Sets how many finished tasks the pool remembers, and how long: the builder's on the

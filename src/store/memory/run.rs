@@ -14,6 +14,7 @@ use crate::model::completion::Finished;
 use crate::model::error::CancelError;
 use crate::model::id::TaskId;
 use crate::model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
+use crate::observe::event::Event;
 use crate::store::{Claim, RunOutcome};
 
 impl State {
@@ -201,6 +202,15 @@ impl State {
                     self.finish(seq, End::Succeeded(output), now, effects);
                 }
                 RunOutcome::Retry { delay, error } => {
+                    let (names, attempt) = (&self.names, record.attempts);
+                    let task_type = names.get(record.type_index as usize).copied();
+                    self.events.lifecycle(|| Event::Retrying {
+                        id: claim.id,
+                        task_type: task_type.unwrap_or("?"),
+                        attempt,
+                        delay,
+                        error: error.clone(),
+                    });
                     record.payload = Some(claim.payload);
                     record.extra().last_error = Some(error);
                     self.totals.retried += 1;
@@ -301,6 +311,12 @@ impl State {
                 End::Succeeded(output) => {
                     record.state = TaskState::Succeeded;
                     self.totals.succeeded += 1;
+                    let task_type = self.names.get(record.type_index as usize).copied();
+                    self.events.lifecycle(|| Event::Succeeded {
+                        id: TaskId::from_parts(self.pool, seq),
+                        task_type: task_type.unwrap_or("?"),
+                        attempt: record.attempts,
+                    });
                     Finished::Succeeded(Some(output))
                 }
                 End::Failed(failure) => {
@@ -322,6 +338,12 @@ impl State {
                 End::Cancelled(reason) => {
                     record.state = TaskState::Cancelled;
                     self.totals.cancelled += 1;
+                    let task_type = self.names.get(record.type_index as usize).copied();
+                    self.events.lifecycle(|| Event::Cancelled {
+                        id: TaskId::from_parts(self.pool, seq),
+                        task_type: task_type.unwrap_or("?"),
+                        reason,
+                    });
                     // So does a task submitted after such a cascade (cancelled here at once).
                     let keep = if seq == root {
                         record

@@ -81,6 +81,7 @@ use crate::model::completion::Completion;
 use crate::model::id::TaskId;
 use crate::model::state::{CancelReason, Failure, TaskState};
 use crate::model::task::Dependency;
+use crate::observe::event::Event;
 use crate::observe::events::Events;
 use crate::observe::stats::Totals;
 use crate::store::registry::{Registry, Settings};
@@ -431,6 +432,14 @@ impl State {
         effects: &mut Effects,
     ) -> (TaskId, Arc<Completion>) {
         let seq = self.new_seq();
+        // Told first: before its start (no worker can claim it while this lock is held) and
+        // before a cancel at once (a failed dependency) or any other ending.
+        let task_type = self.names.get(task.type_index as usize).copied();
+        self.events.lifecycle(|| Event::Submitted {
+            id: TaskId::from_parts(self.pool, seq),
+            task_type: task_type.unwrap_or("?"),
+            priority: task.priority,
+        });
         self.insert_as(seq, task, completion, now, effects)
     }
 
@@ -870,7 +879,7 @@ mod tests {
         let sink = Arc::clone(&log);
         let hook: crate::observe::events::Hook =
             Box::new(move |e: &Event| sink.lock().push(e.clone()));
-        let events = Events::start(vec![hook], "gates-test").unwrap();
+        let events = Events::start(vec![hook], false, "gates-test").unwrap();
         let store = MemoryStore::new(registry, Clock::System, retention(), 1, 7, events.clone());
         (store, events, log)
     }

@@ -58,6 +58,9 @@ pub(crate) struct MemoryStore {
     pub(super) epoch: Epoch,
     /// What the pool's handles share; where unread handles' drops arrive (see `hub.rs`).
     hub: Arc<StoreHub>,
+    /// The pool's events, for what is told outside the lock (a plain submit); the state holds
+    /// the same.
+    pub(super) events: Events,
     latest_run_at: Instant,
     pub(super) pool_id: u64,
 }
@@ -104,7 +107,7 @@ impl MemoryStore {
                 workers,
                 epoch,
                 pool_id,
-                events,
+                events.clone(),
                 &registry,
                 Arc::clone(&next_seq),
             )),
@@ -115,6 +118,7 @@ impl MemoryStore {
             lend_cv: Condvar::new(),
             intake: Intake::new(next_seq),
             hub: StoreHub::new(),
+            events,
             ready_epoch: AtomicU64::new(0),
             spinners: AtomicUsize::new(0),
             max_searchers: std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),

@@ -12,6 +12,7 @@ use crate::model::completion::Completion;
 use crate::model::error::SubmitErrorKind;
 use crate::model::id::TaskId;
 use crate::model::task::Start;
+use crate::observe::event::Event;
 use crate::store::registry::Settings;
 use crate::store::{Store, Submission, Submitted};
 use crate::sync::Arc;
@@ -117,6 +118,13 @@ impl MemoryStore {
     ) -> Result<Submitted, SubmitErrorKind> {
         // Accepted or refused here, by the id (see `intake.rs`).
         let seq = self.intake.next_seq().ok_or(SubmitErrorKind::ShutDown)?;
+        let id = TaskId::from_parts(self.pool_id, seq);
+        // Told before the push: no worker can have claimed it (and told its start) yet.
+        self.events.lifecycle(|| Event::Submitted {
+            id,
+            task_type: self.registry.entry(task.type_index).name,
+            priority: task.priority,
+        });
         let entry = Entry {
             seq,
             run_at: self.epoch.stamp(run_at),
@@ -130,7 +138,7 @@ impl MemoryStore {
             self.transition(|_, _, _| ());
         }
         Ok(Submitted {
-            id: TaskId::from_parts(self.pool_id, seq),
+            id,
             completion: None,
             duplicate: false,
         })

@@ -1,8 +1,7 @@
 //! Claiming and ending tasks: the fetcher that claims batches for this pool's free workers,
-//! the fenced writes of a run's outcome, the cascades to dependents, and resubmission.
+//! the fenced writes of a run's outcome, and the cascades to dependents.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -10,14 +9,9 @@ use serde_json::Value;
 use super::conn::Sql;
 use super::rows;
 use super::store::PgStore;
-use super::submit::Insert;
-use super::submit::insert_task;
 use super::submit::notify;
 use crate::model::cancel::{CancelToken, Interrupt};
-use crate::model::error::{ResubmitError, SubmitErrorKind};
-use crate::model::id::TaskId;
-use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
-use crate::model::task::Dependency;
+use crate::model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
 use crate::observe::event::Event;
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, Weak};
@@ -155,6 +149,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                 lease,
                 token: token.clone(),
                 type_index,
+                attempt,
                 valid_until: requested + store.lease,
             },
         ));
@@ -320,8 +315,40 @@ impl PgStore {
             }
             // Dependents its ending cancelled.
             local.totals.cancelled += cascaded;
-            local.running.get(&seq).map(|held| held.type_index)
+            local
+                .running
+                .get(&seq)
+                .map(|held| (held.type_index, held.attempt))
         };
+        if let Some((type_index, attempt)) = type_index {
+            let (id, task_type) = (self.id(seq), self.registry.entry(type_index).name);
+            match (written, &ending) {
+                (Some(TaskState::Succeeded), _) => self.events.lifecycle(|| Event::Succeeded {
+                    id,
+                    task_type,
+                    attempt,
+                }),
+                // A running row is cancelled only as asked (`cancel_row`).
+                (Some(TaskState::Cancelled), _) => self.events.lifecycle(|| Event::Cancelled {
+                    id,
+                    task_type,
+                    reason: CancelReason::Requested,
+                }),
+                (Some(TaskState::Scheduled), Ending::Retry { delay, error }) => {
+                    self.events.lifecycle(|| Event::Retrying {
+                        id,
+                        task_type,
+                        attempt,
+                        delay: *delay,
+                        error: error.clone(),
+                    });
+                }
+                // A dead letter is told below, whether or not the lifecycle is; a lost lease
+                // is told nothing: this pool recorded nothing.
+                _ => {}
+            }
+        }
+        let type_index = type_index.map(|(index, _)| index);
         if let (Some(TaskState::Failed), Ending::Failed(failure)) = (&written, &ending) {
             let name = type_index.map_or("?", |index| self.registry.entry(index).name);
             self.events.dead_letter(self.id(seq), name, failure);
@@ -651,179 +678,6 @@ pub(super) fn notify_changes(
     notify(tx, payload.trim_start())
 }
 
-/// Why a resubmit was refused, before the ids are made.
-pub(super) enum Refusal {
-    Unknown,
-    NotDeadLetter(TaskState),
-    AlreadyResubmitted(i64),
-    Taken,
-    TypeMismatch,
-    KeyTaken(i64),
-}
-
-impl Refusal {
-    pub(super) fn into_error(self, id: TaskId, to_id: impl Fn(i64) -> TaskId) -> ResubmitError {
-        match self {
-            Refusal::Unknown => ResubmitError::UnknownTask(id),
-            Refusal::NotDeadLetter(state) => ResubmitError::NotDeadLetter(id, state),
-            Refusal::AlreadyResubmitted(new) => ResubmitError::AlreadyResubmitted(id, to_id(new)),
-            Refusal::Taken => ResubmitError::Taken(id),
-            Refusal::TypeMismatch => ResubmitError::TypeMismatch(id),
-            Refusal::KeyTaken(holder) => ResubmitError::KeyTaken(id, to_id(holder)),
-        }
-    }
-}
-
-/// A dead letter resubmitted: its new row, the dependents brought back (old row, new row),
-/// and how many of those came back cancelled at once (another of their dependencies failed).
-pub(super) struct Revival {
-    pub(super) new: i64,
-    pub(super) brought_back: Vec<(i64, i64)>,
-    pub(super) back_cancelled: u64,
-}
-
-/// Resubmits dead letter `seq` as a new row, and with `dependents` the dependents its failure
-/// cancelled (transitively, dependencies first), waiting for the new rows instead of the old;
-/// a dependent whose key another task took comes back without it.
-pub(super) fn revive(
-    tx: &mut impl Sql,
-    queue: u64,
-    seq: i64,
-    type_name: &'static str,
-    dependents: bool,
-) -> Result<Result<Revival, Refusal>, postgres::Error> {
-    let Some(row) = tx.query_opt(
-        "SELECT type, payload, COALESCE(base_priority, priority), key, dead, resubmitted_as,
-                status, run_at <= tasq_now(),
-                max_attempts, retry_base_us, retry_cap_us, timeout_us
-         FROM tasq_tasks WHERE id = $1 FOR UPDATE",
-        &[&seq],
-    )?
-    else {
-        return Ok(Err(Refusal::Unknown));
-    };
-    let status: &str = row.get(6);
-    if status != "failed" {
-        return Ok(Err(Refusal::NotDeadLetter(rows::state_of(
-            status,
-            row.get(7),
-        ))));
-    }
-    if let Some(new) = row.get::<_, Option<i64>>(5) {
-        return Ok(Err(Refusal::AlreadyResubmitted(new)));
-    }
-    let payload: Option<Value> = row.get(1);
-    let (true, Some(payload)) = (row.get::<_, bool>(4), payload) else {
-        return Ok(Err(Refusal::Taken));
-    };
-    if row.get::<_, &str>(0) != type_name {
-        return Ok(Err(Refusal::TypeMismatch));
-    }
-    let key: Option<String> = row.get(3);
-    // The dead letter's own settings, as it was submitted with them: fresh attempts, the same
-    // limit.
-    let insert = Insert {
-        type_name,
-        payload: &payload,
-        priority: row.get(2),
-        delay_us: 0,
-        at_us: None,
-        settings: (row.get(8), row.get(9), row.get(10), row.get(11)),
-        key: key.as_deref(),
-    };
-    let new = match insert_task(tx, queue, &insert, &[])? {
-        Ok((new, false, _)) => new,
-        Ok((holder, true, _)) => return Ok(Err(Refusal::KeyTaken(holder))),
-        // Its key is held by a task of another type (no other refusal is possible without
-        // dependencies).
-        Err(SubmitErrorKind::KeyConflict { existing, .. }) => {
-            let holder = rows::local_seq(queue, existing).unwrap_or_default();
-            return Ok(Err(Refusal::KeyTaken(holder)));
-        }
-        Err(_) => return Ok(Err(Refusal::TypeMismatch)),
-    };
-    tx.execute(
-        "UPDATE tasq_tasks SET dead = false, payload = NULL, resubmitted_as = $2 WHERE id = $1",
-        &[&seq, &new],
-    )?;
-    let mut brought_back = Vec::new();
-    let mut back_cancelled = 0;
-    if dependents {
-        let mut renamed = HashMap::from([(seq, new)]);
-        // The dependents this failure cancelled: each cancelled because of the dead letter or
-        // of another task of the cascade (`cancel_cause`), not a dependent that another failed
-        // dependency had cancelled before.
-        let cascade = tx.query(
-            "WITH RECURSIVE doomed(id) AS (
-                 SELECT $1::BIGINT
-                 UNION
-                 SELECT t.id FROM doomed
-                 JOIN tasq_deps d ON d.dependency = doomed.id
-                 JOIN tasq_tasks t ON t.id = d.dependent AND t.cancel_cause = doomed.id
-                 WHERE t.status = 'cancelled'
-                   AND t.cancel_reason IN ('dependency_failed', 'dependency_cancelled')
-             )
-             SELECT t.id, t.type, t.payload, COALESCE(t.base_priority, t.priority), t.key,
-                    t.max_attempts,
-                    ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1),
-                    t.retry_base_us, t.retry_cap_us, t.timeout_us
-             FROM tasq_tasks t JOIN doomed ON t.id = doomed.id
-             WHERE t.id <> $1 AND t.resubmitted_as IS NULL AND t.payload IS NOT NULL
-             ORDER BY t.id",
-            &[&seq],
-        )?;
-        for row in &cascade {
-            let old: i64 = row.get(0);
-            let type_name = super::store::leak_name(row.get(1));
-            let payload: Value = row.get(2);
-            let key: Option<String> = row.get(4);
-            let deps: Vec<i64> = row.get(6);
-            let dependencies: Vec<Dependency> = deps
-                .iter()
-                .map(|d| {
-                    let d = renamed.get(d).copied().unwrap_or(*d);
-                    Dependency::from(TaskId::from_parts(queue, d as u64))
-                })
-                .collect();
-            let mut insert = Insert {
-                type_name,
-                payload: &payload,
-                priority: row.get(3),
-                delay_us: 0,
-                at_us: None,
-                settings: (row.get(5), row.get(7), row.get(8), row.get(9)),
-                key: key.as_deref(),
-            };
-            let mut inserted = insert_task(tx, queue, &insert, &dependencies)?;
-            if matches!(
-                inserted,
-                Ok((_, true, _)) | Err(SubmitErrorKind::KeyConflict { .. })
-            ) {
-                // Its key is another task's now: it comes back without one.
-                insert.key = None;
-                inserted = insert_task(tx, queue, &insert, &dependencies)?;
-            }
-            // A dependent with another dependency gone stays as it is (and so do its own
-            // dependents).
-            if let Ok((new_dependent, false, status)) = inserted {
-                tx.execute(
-                    "UPDATE tasq_tasks SET resubmitted_as = $2 WHERE id = $1",
-                    &[&old, &new_dependent],
-                )?;
-                renamed.insert(old, new_dependent);
-                brought_back.push((old, new_dependent));
-                // Back, and cancelled at once: another dependency of it failed meanwhile.
-                back_cancelled += u64::from(status == "cancelled");
-            }
-        }
-    }
-    Ok(Ok(Revival {
-        new,
-        brought_back,
-        back_cancelled,
-    }))
-}
-
 /// The durable store's invariants, checked over the whole table (for tests).
 pub(super) fn check_invariants(store: &PgStore) -> Result<(), String> {
     let checks: [(&str, &str); 7] = [
@@ -926,7 +780,7 @@ impl PgStore {
     }
 
     /// Cancels the task that `lookup` finds and locks (`$1` is `param`; it returns the row's
-    /// `id, status, has_dependents`), as [`Store::cancel`](crate::store::Store::cancel) does: one not started ends cancelled
+    /// `id, status, has_dependents, type`), as [`Store::cancel`](crate::store::Store::cancel) does: one not started ends cancelled
     /// with its dependents, a running one has its cancel asked for. `None` if no row matched.
     pub(super) fn cancel_row(
         &self,
@@ -940,6 +794,7 @@ impl PgStore {
             };
             let seq: i64 = row.get(0);
             let status: String = row.get(1);
+            let type_name: String = row.get(3);
             let mut done = Vec::new();
             let outcome = match status.as_str() {
                 "blocked" | "ready" => {
@@ -970,15 +825,20 @@ impl PgStore {
                 other => CancelOutcome::AlreadyFinished(super::rows::state_of(other, true)),
             };
             tx.commit()?;
-            Ok(Some((seq, outcome, done)))
+            Ok(Some((seq, outcome, done, type_name)))
         })?;
-        let Some((seq, outcome, done)) = result else {
+        let Some((seq, outcome, done, type_name)) = result else {
             return Ok(None);
         };
         match outcome {
             CancelOutcome::Cancelled => {
                 // The task and the dependents it took with it.
                 self.count(|t| t.cancelled += done.len() as u64);
+                self.events.lifecycle(|| Event::Cancelled {
+                    id: self.id(seq),
+                    task_type: self.type_name(&type_name),
+                    reason: CancelReason::Requested,
+                });
                 self.publish_ended(&done);
             }
             CancelOutcome::Signalled => self.fire_local(seq),

@@ -89,6 +89,7 @@ mod migrate;
 mod notifier;
 mod policy;
 mod publish;
+mod resubmit;
 mod rows;
 mod schema;
 mod seam;

@@ -311,7 +311,7 @@ impl PgStore {
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
-            let revived = match super::dispatch::revive(&mut tx, queue, seq, type_name, dependents)?
+            let revived = match super::resubmit::revive(&mut tx, queue, seq, type_name, dependents)?
             {
                 Ok(revived) => revived,
                 // Refused: nothing changed (dropping the transaction rolls it back).
@@ -325,7 +325,7 @@ impl PgStore {
         });
         match result {
             Ok(Ok((revival, completion))) => {
-                let super::dispatch::Revival {
+                let super::resubmit::Revival {
                     new,
                     brought_back,
                     back_cancelled,

@@ -62,6 +62,7 @@ impl Store for PgStore {
         });
         match result {
             Ok(Ok((inserted, completions))) => {
+                self.tell_submitted(&[inserted], std::slice::from_ref(&task));
                 let due = due_now(inserted, delay);
                 Ok(self.accepted(&[inserted], completions, due).remove(0))
             }
@@ -107,7 +108,10 @@ impl Store for PgStore {
             Ok(Ok((rows, completions, due)))
         });
         match result {
-            Ok(Ok((inserted, completions, due))) => Ok(self.accepted(&inserted, completions, due)),
+            Ok(Ok((inserted, completions, due))) => {
+                self.tell_submitted(&inserted, batch);
+                Ok(self.accepted(&inserted, completions, due))
+            }
             Ok(Err(refused)) => Err(refused),
             Err(error) => Err((0, SubmitErrorKind::Store(error))),
         }
@@ -161,7 +165,7 @@ impl Store for PgStore {
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         let seq = self.seq(id).ok_or(CancelError::UnknownTask(id))?;
         match self.cancel_row(
-            "SELECT id, status, has_dependents FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+            "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE id = $1 FOR UPDATE",
             &seq,
         ) {
             Ok(Some((_, outcome))) => Ok(outcome),
@@ -186,7 +190,7 @@ impl Store for PgStore {
     fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
         // The holder is locked as it is found: it holds the key until the cancel commits.
         match self.cancel_row(
-            "SELECT id, status, has_dependents FROM tasq_tasks WHERE key = $1
+            "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE key = $1
              AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR UPDATE",
             &key,
         ) {

@@ -32,6 +32,8 @@ pub(super) struct Held {
     pub(super) lease: i64,
     pub(super) token: CancelToken,
     pub(super) type_index: u32,
+    /// The attempt the claim starts (for the lifecycle's events).
+    pub(super) attempt: u32,
     /// Until when the lease surely holds, on this process's monotonic clock: the lease's length
     /// from when the statement that took or last extended it was *sent* (the database set the
     /// expiry later than that, never earlier). A claim still waiting for a worker past this is

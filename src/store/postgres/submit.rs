@@ -14,6 +14,7 @@ use crate::model::error::SubmitErrorKind;
 use crate::model::id::TaskId;
 use crate::model::state::CancelReason;
 use crate::model::task::Start;
+use crate::observe::event::Event;
 use crate::store::{Submission, Submitted};
 use crate::sync::Arc;
 
@@ -330,6 +331,25 @@ impl PgStore {
             at_us: self.wall_clock_due(task.start),
             settings: super::rows::settings_columns(&task.settings),
             key: task.key,
+        }
+    }
+
+    /// Tells the lifecycle's hooks of the tasks a committed submit added (see
+    /// `Events::lifecycle`). After the commit: a worker of this pool may have claimed one (and
+    /// told its start) first.
+    pub(super) fn tell_submitted(
+        &self,
+        inserted: &[(i64, bool, &'static str)],
+        tasks: &[Submission<'_>],
+    ) {
+        for (&(seq, duplicate, _), task) in inserted.iter().zip(tasks) {
+            if !duplicate {
+                self.events.lifecycle(|| Event::Submitted {
+                    id: self.id(seq),
+                    task_type: self.registry.entry(task.type_index).name,
+                    priority: task.priority,
+                });
+            }
         }
     }
 
