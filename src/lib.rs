@@ -89,6 +89,7 @@ pub use model::error::{
 #[cfg(feature = "postgres")]
 pub use model::error::{SchemaError, SucceedInError};
 pub use model::id::{ParseTaskIdError, TaskId};
+pub use model::pause::{DEFAULT_QUEUE, PauseError, PauseTarget, Paused};
 pub use model::retry::{HandlerError, ResultExt, RetryPolicy};
 pub use model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
 pub use model::task::{Dependency, Task, TaskType};

@@ -562,7 +562,10 @@ fn a_type_declared_otherwise_than_the_fleet_is_reported() {
     );
     let (tx, rx) = crossbeam_channel::unbounded();
     let worker = build(
-        TypeOptions::new().max_attempts(20).concurrency_limit(2),
+        TypeOptions::new()
+            .max_attempts(20)
+            .concurrency_limit(2)
+            .queue("mail"),
         Some(tx),
     );
     assert_eq!(worker.stats().totals.declaration_mismatches, 1);
@@ -573,14 +576,20 @@ fn a_type_declared_otherwise_than_the_fleet_is_reported() {
             declared_by,
         } => {
             assert_eq!(task_type, "flaky");
-            assert_eq!(differences, "concurrency 2 (null), max_attempts 20 (3)");
+            assert_eq!(
+                differences,
+                r#"concurrency 2 (null), max_attempts 20 (3), queue "mail" (null)"#
+            );
             let pid = std::process::id().to_string();
             assert!(declared_by.starts_with(&format!("{pid}@")), "{declared_by}");
         }
         other => panic!("{other:?}"),
     }
     let like_the_worker = build(
-        TypeOptions::new().max_attempts(20).concurrency_limit(2),
+        TypeOptions::new()
+            .max_attempts(20)
+            .concurrency_limit(2)
+            .queue("mail"),
         None,
     );
     assert_eq!(like_the_worker.stats().totals.declaration_mismatches, 0);

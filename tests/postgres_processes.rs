@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 use postgres::{Client, NoTls};
 use support_pg::TestDb;
 use support_rng::Rng;
-use tasq::{Breaker, HandlerError, Outcome, Pool, TaskHandle, TaskType, TypeOptions};
+use tasq::{Breaker, HandlerError, Outcome, PauseTarget, Pool, TaskHandle, TaskType, TypeOptions};
 
 /// Records (task, lease, worker) in `effects`, then succeeds.
 const EFFECT: TaskType<u64, ()> = TaskType::new("effect");
@@ -515,15 +515,33 @@ fn kill_9_chaos_loses_nothing() {
     };
     let mut rng = Rng(seed | 1);
     let mut kills = 0;
+    // Every third round pauses the `effect` type for the fleet around its kill: the lease ids
+    // handed out while each pause was in force, `(after pause returned, before resume]`.
+    let mut paused: (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+    let last_lease = |sql: &mut Client| -> i64 {
+        sql.query_one("SELECT last_value FROM tasq_lease", &[])
+            .unwrap()
+            .get(0)
+    };
     let started = Instant::now();
     while !all_ended(&mut sql, started, Duration::from_secs(600)) {
         // The chaos schedule: a kill every 1 to 3 seconds.
         std::thread::sleep(Duration::from_millis(1_000 + rng.below(2_000)));
+        let pause = kills % 3 == 1;
+        if pause {
+            assert_eq!(producer.pause(PauseTarget::task_type("effect")), Ok(true));
+            paused.0.push(last_lease(&mut sql));
+        }
         let victim = rng.below(workers.len() as u64) as usize;
         let tag = format!("w{victim}-{kills}");
         let dead = std::mem::replace(&mut workers[victim], Worker::start(&db, &tag, 2, lease));
         dead.kill();
         kills += 1;
+        if pause {
+            std::thread::sleep(Duration::from_millis(200 + rng.below(600)));
+            paused.1.push(last_lease(&mut sql));
+            assert_eq!(producer.resume(PauseTarget::task_type("effect")), Ok(true));
+        }
     }
     for worker in workers {
         let _ = worker.exit();
@@ -570,6 +588,26 @@ fn kill_9_chaos_loses_nothing() {
         &mut sql,
         "SELECT COALESCE(max(running), 0) FROM effects WHERE running IS NOT NULL",
     );
+    // Runs of `effect` under a lease taken while a pause of it was in force.
+    let claimed_while_paused: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM effects e JOIN tasq_tasks t ON t.id = e.task,
+                 unnest($1::BIGINT[], $2::BIGINT[]) AS p(after, until)
+             WHERE t.type = 'effect' AND e.lease > p.after AND e.lease <= p.until",
+            &[&paused.0, &paused.1],
+        )
+        .unwrap()
+        .get(0);
+    // And of the other type meanwhile: the pause held back only what it named.
+    let others_while_paused: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM effects e JOIN tasq_tasks t ON t.id = e.task,
+                 unnest($1::BIGINT[], $2::BIGINT[]) AS p(after, until)
+             WHERE t.type <> 'effect' AND e.lease > p.after AND e.lease <= p.until",
+            &[&paused.0, &paused.1],
+        )
+        .unwrap()
+        .get(0);
     let limited_retried = count(
         &mut sql,
         "SELECT count(*) FROM tasq_tasks WHERE type = 'limited' AND attempts > 1",
@@ -595,15 +633,22 @@ fn kill_9_chaos_loses_nothing() {
         (row.get(0), row.get(1))
     };
     println!(
-        "chaos: {total} tasks, {kills} kills, {duplicates} duplicate effects under \
+        "chaos: {total} tasks, {kills} kills, {} pauses ({claimed_while_paused} effects claimed \
+         while paused, {others_while_paused} of the other type), {duplicates} duplicate effects under \
          {duplicate_leases} leases that never completed, {lost} lost, {unexpected} unexpected, \
          {:.1} s; limited: at most {most_seen_by_runs} running seen by a run and {most_rows} by \
          the watcher (limit {LIMIT}), {limited_retried} retried, breaker {breaker:?}; last \
          ending per type: {}",
+        paused.0.len(),
         started.elapsed().as_secs_f64(),
         spans.join(", ")
     );
     assert_eq!(total, tasks as i64);
+    assert_eq!(
+        claimed_while_paused, 0,
+        "a task of a paused type was claimed"
+    );
+    assert!(!paused.0.is_empty(), "the run ended before the first pause");
     assert_eq!(lost, 0, "tasks that did not succeed");
     assert_eq!(unexpected, 0, "effects of tasks that do not exist");
     assert_eq!(

@@ -66,7 +66,7 @@
 mod support_pg;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
@@ -76,8 +76,9 @@ use serde::{Deserialize, Serialize};
 use support_pg::TestDb;
 use tasq::{
     Aging, Breaker, BreakerState, CancelOutcome, CancelReason, CancelToken, Context, Event,
-    Failure, FailureReason, HandlerError, Outcome, Pool, RateLimit, ResubmitError, RetryPolicy,
-    ShutdownReport, SubmitErrorKind, TaskHandle, TaskId, TaskState, TaskType, Totals, TypeOptions,
+    Failure, FailureReason, HandlerError, Outcome, PauseTarget, Pool, RateLimit, ResubmitError,
+    RetryPolicy, ShutdownReport, SubmitErrorKind, TaskHandle, TaskId, TaskState, TaskType, Totals,
+    TypeOptions,
 };
 
 /// About 25 s on two idle cores in a debug build; about 45 s beside another such run.
@@ -174,8 +175,20 @@ impl Ty {
     }
 
     /// The others take the pool's policy (base 1 ms); PATIENT retries faster still.
+    /// Its queue as the producer (and pool A) declare it: `slow` for the patient and once-only
+    /// types. Pool B registers every type in the default queue, as an older version would: the
+    /// rows keep the producer's, and pauses of `slow` must hold them on B too.
+    fn queue(self) -> &'static str {
+        match self {
+            Ty::Patient | Ty::Once => "slow",
+            _ => tasq::DEFAULT_QUEUE,
+        }
+    }
+
     fn options(self) -> TypeOptions {
-        let options = TypeOptions::new().max_attempts(self.max_attempts());
+        let options = TypeOptions::new()
+            .max_attempts(self.max_attempts())
+            .queue(self.queue());
         let fast = RetryPolicy::exponential(Duration::from_micros(500), Duration::from_millis(4));
         match self {
             Ty::Patient => options.retry_policy(fast),
@@ -196,7 +209,7 @@ impl Ty {
             Ty::Fast | Ty::Patient | Ty::Once => TypeOptions::new()
                 .max_attempts(self.max_attempts() + 4)
                 .retry_policy(slow),
-            _ => self.options(),
+            _ => self.options().queue(tasq::DEFAULT_QUEUE),
         }
     }
 
@@ -384,6 +397,19 @@ struct Recorder {
     limited_most: AtomicUsize,
     /// Every event a pool's hook heard: the pool, the event, the tick it was heard at.
     events: Mutex<Vec<(&'static str, Event, u64)>>,
+    /// Per type (`Ty as usize`): a pause covers it now (set once `pause` returned, cleared
+    /// before `resume`).
+    paused: [AtomicBool; 7],
+    /// Handlers that started while a pause covered their type: only tasks claimed before the
+    /// pause returned may (held by a worker or prefetched).
+    started_paused: AtomicU64,
+    /// The lease sequence's last value read once the pause in force returned: every claim
+    /// committed before that has a lease id at most this, every later one a greater.
+    pause_lease: AtomicI64,
+    /// Handlers that started while a pause covered their type under a later claim than the
+    /// pause (a lease id above `pause_lease`), and the first of them.
+    claimed_paused: AtomicU64,
+    claimed_paused_examples: Mutex<Vec<String>>,
 }
 
 impl Recorder {
@@ -399,6 +425,22 @@ fn run_job(rec: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError
     if limited {
         let now = rec.limited_now.fetch_add(1, Ordering::SeqCst) + 1;
         rec.limited_most.fetch_max(now, Ordering::SeqCst);
+    }
+    if rec.paused[job.ty as usize].load(Ordering::SeqCst) {
+        rec.started_paused.fetch_add(1, Ordering::SeqCst);
+        let before = rec.pause_lease.load(Ordering::SeqCst);
+        if ctx.lease_id().is_some_and(|lease| lease > before) {
+            rec.claimed_paused.fetch_add(1, Ordering::SeqCst);
+            let mut examples = rec.claimed_paused_examples.lock().unwrap();
+            if examples.len() < 4 {
+                examples.push(format!(
+                    "{} ({:?}) lease {:?} > {before}",
+                    ctx.id(),
+                    job.ty,
+                    ctx.lease_id()
+                ));
+            }
+        }
     }
     let (start, wall, began) = (rec.tick(), SystemTime::now(), Instant::now());
     let on_a = thread::current()
@@ -1140,6 +1182,74 @@ fn sample(cx: &Cx<'_>, a_closing: &AtomicBool, stop: Receiver<()>) {
 
 /// Takes the downstream out and brings it back at random until told to stop; returns how many
 /// outages there were. It is back when this returns.
+/// Pauses a queue or type for the fleet now and then, through the producer, for a few
+/// milliseconds each, marking the types it covers while it is in force; every pause is resumed
+/// before the next, and before this returns. Returns the pauses made and what went wrong.
+fn pauses(
+    pool: &Pool,
+    db: &TestDb,
+    rec: &Recorder,
+    mut rng: Rng,
+    stop: Receiver<()>,
+) -> (u64, Vec<String>) {
+    let mut sql = db.client();
+    let targets: [(PauseTarget, Vec<Ty>); 3] = [
+        (
+            PauseTarget::queue("slow"),
+            Ty::ALL
+                .into_iter()
+                .filter(|t| t.queue() == "slow")
+                .collect(),
+        ),
+        (
+            PauseTarget::queue(tasq::DEFAULT_QUEUE),
+            vec![Ty::Fast, Ty::Remote, Ty::Limited, Ty::Rated, Ty::Timed],
+        ),
+        (
+            PauseTarget::task_type(Ty::Limited.task_type().name()),
+            vec![Ty::Limited],
+        ),
+    ];
+    let (mut made, mut wrong) = (0, Vec::new());
+    let wait = |rng: &mut Rng, ms: u64| {
+        stop.recv_timeout(Duration::from_millis(rng.below(ms))) != Err(RecvTimeoutError::Timeout)
+    };
+    loop {
+        if wait(&mut rng, 200) {
+            break;
+        }
+        let (target, covered) = &targets[rng.below(targets.len() as u64) as usize];
+        match pool.pause(target.clone()) {
+            Ok(true) => made += 1,
+            other => wrong.push(format!("pause({target}) = {other:?}")),
+        }
+        let lease: i64 = sql
+            .query_one("SELECT last_value FROM tasq_lease", &[])
+            .unwrap()
+            .get(0);
+        rec.pause_lease.store(lease, Ordering::SeqCst);
+        for ty in covered {
+            rec.paused[*ty as usize].store(true, Ordering::SeqCst);
+        }
+        let stopped = wait(&mut rng, 40);
+        for ty in covered {
+            rec.paused[*ty as usize].store(false, Ordering::SeqCst);
+        }
+        match pool.resume(target.clone()) {
+            Ok(true) => {}
+            other => wrong.push(format!("resume({target}) = {other:?}")),
+        }
+        if stopped {
+            break;
+        }
+    }
+    match pool.paused() {
+        Ok(left) if left.is_empty() => {}
+        other => wrong.push(format!("paused() at the end = {other:?}")),
+    }
+    (made, wrong)
+}
+
 fn outages(rec: &Recorder, mut rng: Rng, stop: Receiver<()>) -> usize {
     let mut pause = |(lo, hi): (u64, u64)| Duration::from_millis(lo + rng.below(hi - lo));
     for outages in 0.. {
@@ -1271,10 +1381,13 @@ fn durable_soak() {
     let (close_tx, close_rx) = crossbeam_channel::bounded::<()>(1);
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
     let (outage_stop, outage_stopped) = crossbeam_channel::bounded::<()>(0);
+    let (pause_stop, pause_stopped) = crossbeam_channel::bounded::<()>(0);
     let (cancel_rng, outage_rng) = (Rng(seed ^ 0xC0FF_EE00), Rng(seed ^ 0x0DD_BA11));
     let (p, cancels, (report_a, a_closed), outcomes, timeline) = thread::scope(|s| {
         let canceller = s.spawn(|| cancel_loop(order_rx, &cx, &rec, cancel_rng));
         let outage = s.spawn(|| outages(&rec, outage_rng, outage_stopped));
+        let pauser =
+            s.spawn(|| pauses(&producer, &db, &rec, Rng(seed ^ 0x9A05_E000), pause_stopped));
         let sampler = s.spawn(|| sample(&cx, &a_closing, stop_rx));
         let closer = s.spawn(|| {
             // When the producer says, once a handler of A sleeps (or after 2 s).
@@ -1289,6 +1402,20 @@ fn durable_soak() {
         // The downstream is back for the end: the breaker closes and what it held runs.
         drop(outage_stop);
         let outages = outage.join().unwrap();
+        // Nothing stays paused for the end.
+        drop(pause_stop);
+        let (paused, pause_errors) = pauser.join().unwrap();
+        let started_paused = rec.started_paused.load(Ordering::SeqCst);
+        let claimed_paused = rec.claimed_paused.load(Ordering::SeqCst);
+        findings.check(
+            claimed_paused == 0 && pause_errors.is_empty(),
+            "a claim after a pause took its task",
+            || format!(
+                "{claimed_paused} handlers under a lease taken after their pause returned: {:?}; {pause_errors:?}",
+                rec.claimed_paused_examples.lock().unwrap()
+            ),
+        );
+        println!("pauses: {paused}, {started_paused} handlers of tasks claimed before their pause");
         let cancels = canceller.join().unwrap();
         let a = closer.join().unwrap();
 

@@ -119,9 +119,9 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_channel::{Receiver, Sender};
 use tasq::{
     Aging, Alert, AlertValue, Breaker, BreakerState, CancelError, CancelOutcome, CancelReason,
-    Context, Event, FailureReason, HandlerError, ManualClock, Outcome, Pool, RateLimit,
-    ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, Task, TaskFilter, TaskHandle,
-    TaskId, TaskState, TaskType, TypeOptions,
+    Context, Event, FailureReason, HandlerError, ManualClock, Outcome, PauseTarget, Pool,
+    RateLimit, ResubmitError, RetryPolicy, ShutdownReport, SubmitErrorKind, Task, TaskFilter,
+    TaskHandle, TaskId, TaskState, TaskType, TypeOptions,
 };
 
 const PANIC_MARKER: &str = "tasq soak: expected panic";
@@ -311,8 +311,18 @@ impl Ty {
         (self == Ty::Timed).then_some(TIMEOUT)
     }
 
+    /// Its queue: `slow` for the patient and once-only types, else the default one.
+    fn queue(self) -> &'static str {
+        match self {
+            Ty::Patient | Ty::Once => "slow",
+            _ => tasq::DEFAULT_QUEUE,
+        }
+    }
+
     fn options(self) -> TypeOptions {
-        let options = TypeOptions::new().max_attempts(self.limit());
+        let options = TypeOptions::new()
+            .max_attempts(self.limit())
+            .queue(self.queue());
         match self {
             Ty::Fast | Ty::Once => options,
             Ty::Patient => options.retry_policy(PATIENT_RETRY),
@@ -531,6 +541,11 @@ struct Recorder {
     /// its type's), and the first few of them.
     wrong_limits: AtomicU64,
     wrong_limit_examples: Mutex<Vec<String>>,
+    /// Per type: a pause covers it now (set once `pause` returned, cleared before `resume`).
+    paused: [AtomicBool; Ty::ALL.len()],
+    /// Per type: handlers that started while a pause covered the type. Only tasks claimed
+    /// before the pause returned may: at most one per worker per pause.
+    started_paused: [AtomicU64; Ty::ALL.len()],
 }
 
 /// Counts a handler of a type as running until dropped (a panicking one too).
@@ -557,6 +572,8 @@ impl Recorder {
             rated_starts: Mutex::new(Vec::new()),
             wrong_limits: AtomicU64::new(0),
             wrong_limit_examples: Mutex::new(Vec::new()),
+            paused: Default::default(),
+            started_paused: Default::default(),
         }
     }
 
@@ -634,6 +651,9 @@ fn run_job(recorder: &Recorder, ctx: &Context, job: &Job) -> Result<u64, Handler
     let started = recorder.pool_clock.now();
     if job.ty == Ty::Rated {
         recorder.rated_starts.lock().unwrap().push(started);
+    }
+    if recorder.paused[job.ty.index()].load(Ordering::SeqCst) {
+        recorder.started_paused[job.ty.index()].fetch_add(1, Ordering::SeqCst);
     }
     let _running = recorder.enter(job.ty);
     let outages = recorder.start(ctx.id(), ctx.attempt(), started);
@@ -1667,6 +1687,69 @@ fn wait_for_backlog(sh: &Shared<'_>) {
     }
 }
 
+/// What the pauser did: pauses made (each returned `Ok(true)`), and refusals it did not expect.
+#[derive(Default, Debug)]
+struct Pausing {
+    pauses: u64,
+    wrong: Vec<String>,
+}
+
+/// Pauses a type or queue now and then while the producer runs, for a few milliseconds each,
+/// marking the types it covers in the recorder while it is in force; every pause is resumed
+/// before it returns (and no later than the shutdown's start).
+fn pause_randomly(sh: &Shared<'_>, mut rng: Rng) -> Pausing {
+    let targets: [(PauseTarget, Vec<Ty>); 4] = [
+        (
+            PauseTarget::queue(tasq::DEFAULT_QUEUE),
+            Ty::ALL
+                .into_iter()
+                .filter(|t| t.queue() == tasq::DEFAULT_QUEUE)
+                .collect(),
+        ),
+        (
+            PauseTarget::queue("slow"),
+            Ty::ALL
+                .into_iter()
+                .filter(|t| t.queue() == "slow")
+                .collect(),
+        ),
+        (PauseTarget::task_type(RATED.name()), vec![Ty::Rated]),
+        (PauseTarget::task_type(LIMITED.name()), vec![Ty::Limited]),
+    ];
+    let mut pausing = Pausing::default();
+    let done = || sh.shutting_down.load(Ordering::SeqCst) || sh.stop.load(Ordering::SeqCst);
+    while !done() {
+        // Load, not synchronisation: the pool runs unpaused for a while.
+        thread::sleep(rng.duration_below(Duration::from_millis(30)));
+        if done() {
+            break;
+        }
+        let (target, covered) = &targets[rng.below(targets.len() as u64) as usize];
+        match sh.pool.pause(target.clone()) {
+            Ok(true) => pausing.pauses += 1,
+            other => pausing.wrong.push(format!("pause({target}) = {other:?}")),
+        }
+        for ty in covered {
+            sh.recorder.paused[ty.index()].store(true, Ordering::SeqCst);
+        }
+        thread::sleep(rng.duration_below(Duration::from_millis(15)));
+        for ty in covered {
+            sh.recorder.paused[ty.index()].store(false, Ordering::SeqCst);
+        }
+        match sh.pool.resume(target.clone()) {
+            Ok(true) => {}
+            other => pausing.wrong.push(format!("resume({target}) = {other:?}")),
+        }
+    }
+    match sh.pool.paused() {
+        Ok(left) if left.is_empty() => {}
+        other => pausing
+            .wrong
+            .push(format!("paused() at the end = {other:?}")),
+    }
+    pausing
+}
+
 fn sh_now(cfg: &Config) -> Instant {
     cfg.clock.now()
 }
@@ -2688,8 +2771,10 @@ fn run(cfg: Config) {
         (min_workers, samples, listing),
         report,
         shutdown_wait,
+        pausing,
     ) = thread::scope(|s| {
         let canceller = s.spawn(|| cancel_randomly(&sh, msgs_rx, mix(cfg.seed ^ 0xCA)));
+        let pauser = s.spawn(|| pause_randomly(&sh, Rng(mix(cfg.seed ^ 0x9A))));
         let sampler = s.spawn(|| sample(&sh, &cfg));
         if let (TestClock::Manual(clock), Some(age)) = (&cfg.clock, cfg.max_age) {
             let sh = &sh;
@@ -2699,6 +2784,7 @@ fn run(cfg: Config) {
         let produced = produce(&sh, &cfg, msgs_tx, &trigger_tx, &watchdog);
         watchdog.phase("waiting for the canceller");
         let cancels = canceller.join().expect("the canceller does not panic");
+        let pausing = pauser.join().expect("the pauser does not panic");
         let sampled = sampler.join().expect("the sampler does not panic");
         watchdog.phase(format!("waiting for shutdown({:?})", cfg.shutdown_timeout));
         // On a manual clock the advancer moves 50 times faster than real time meanwhile.
@@ -2710,8 +2796,26 @@ fn run(cfg: Config) {
         let report = report_rx.recv_timeout(real_timeout + Duration::from_secs(20));
         let shutdown_wait = shutdown_started.elapsed();
         stop.store(true, Ordering::SeqCst);
-        (produced, cancels, sampled, report, shutdown_wait)
+        (produced, cancels, sampled, report, shutdown_wait, pausing)
     });
+    // Pauses: once one returned, only tasks claimed before it started (one per worker).
+    let started_paused: u64 = recorder
+        .started_paused
+        .iter()
+        .map(|n| n.load(Ordering::SeqCst))
+        .sum();
+    if started_paused > pausing.pauses * cfg.workers as u64 || !pausing.wrong.is_empty() {
+        findings.add("a pause let tasks start", || {
+            format!(
+                "{started_paused} handlers started under {} pauses of {} workers; {:?}",
+                pausing.pauses, cfg.workers, pausing.wrong
+            )
+        });
+    }
+    println!(
+        "soak {}: {} pauses, {started_paused} handlers of tasks claimed before their pause",
+        cfg.name, pausing.pauses
+    );
     let run_time = started.elapsed();
     // The tasks handlers submitted are accepted tasks too.
     let mut produced = produced;

@@ -403,6 +403,12 @@ impl<S> Builder<S> {
                     .ok_or_else(|| invalid("a downstream", entry.name, "has no breaker"))?;
                 entry.downstream = Some(index as u32);
             }
+            if let Some(queue) = options.queue {
+                if let Err(problem) = crate::model::pause::check_queue_name(queue) {
+                    return Err(invalid("a queue name", entry.name, problem));
+                }
+                entry.queue = queue;
+            }
             if let Some(limit) = options.concurrency {
                 if limit == 0 {
                     return Err(invalid("a concurrency limit", entry.name, "is zero"));

@@ -8,5 +8,6 @@ mod dead_letters;
 #[cfg(feature = "postgres")]
 mod durable;
 mod oversight;
+mod pause;
 pub(crate) mod pool;
 pub(crate) mod type_options;

@@ -28,6 +28,7 @@ pub struct TypeOptions {
     pub(super) downstream: Option<&'static str>,
     pub(super) concurrency: Option<u32>,
     pub(super) rate: Option<RateLimit>,
+    pub(super) queue: Option<&'static str>,
 }
 
 impl TypeOptions {
@@ -47,6 +48,7 @@ impl TypeOptions {
             downstream: None,
             concurrency: None,
             rate: None,
+            queue: None,
         }
     }
 
@@ -128,6 +130,24 @@ impl TypeOptions {
     /// ```
     pub const fn downstream(mut self, name: &'static str) -> Self {
         self.downstream = Some(name);
+        self
+    }
+
+    /// The queue this type belongs to: a name of 1 to 63 bytes of ASCII letters, digits, `_`,
+    /// `-` and `.` (another makes the build fail with
+    /// [`BuildError::InvalidSetting`](crate::BuildError::InvalidSetting)). A queue is what an
+    /// operator pauses and resumes as one ([`Pool::pause`](crate::Pool::pause)). On the durable
+    /// store each task keeps the queue its type had when it was submitted. Defaults to
+    /// [`DEFAULT_QUEUE`](crate::DEFAULT_QUEUE).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = tasq::TypeOptions::new().queue("mail");
+    /// # let _ = options;
+    /// ```
+    pub const fn queue(mut self, name: &'static str) -> Self {
+        self.queue = Some(name);
         self
     }
 

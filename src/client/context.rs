@@ -8,6 +8,7 @@ use crate::client::handle::TaskHandle;
 use crate::model::cancel::{CancelToken, Cancelled};
 use crate::model::error::{CancelError, SubmitError};
 use crate::model::id::TaskId;
+use crate::model::pause::{PauseError, PauseTarget};
 use crate::model::state::{CancelOutcome, TaskState};
 use crate::model::task::{Task, TaskType};
 use crate::store::Store;
@@ -171,6 +172,49 @@ impl<'a> Context<'a> {
     /// ```
     pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         self.pool.cancel(id)
+    }
+
+    /// Pauses a type or queue of this handler's pool, as [`Pool::pause`](crate::Pool::pause)
+    /// does: for example, a handler that finds its downstream gone for the day. A handler of
+    /// the paused type finishes; the next ones wait.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, PauseTarget, Pool, TaskType};
+    /// const STOP: TaskType<(), bool> = TaskType::new("stop");
+    /// let pool = Pool::builder()
+    ///     .register(STOP, |ctx, _: &()| {
+    ///         ctx.pause(PauseTarget::task_type("stop")).map_err(HandlerError::permanent)
+    ///     })
+    ///     .build()?;
+    /// assert_eq!(pool.submit(STOP.task(()))?.wait().succeeded(), Some(true));
+    /// assert_eq!(pool.paused()?.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn pause(&self, target: PauseTarget) -> Result<bool, PauseError> {
+        self.pool.pause(&target)
+    }
+
+    /// Resumes a type or queue of this handler's pool, as [`Pool::resume`](crate::Pool::resume)
+    /// does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, PauseTarget, Pool, TaskType};
+    /// const GO: TaskType<(), bool> = TaskType::new("go");
+    /// let pool = Pool::builder()
+    ///     .register(GO, |ctx, _: &()| {
+    ///         ctx.resume(PauseTarget::queue("mail")).map_err(HandlerError::permanent)
+    ///     })
+    ///     .build()?;
+    /// // No type of this pool is in queue `mail`.
+    /// assert_eq!(pool.submit(GO.task(()))?.wait().state(), tasq::TaskState::Failed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn resume(&self, target: PauseTarget) -> Result<bool, PauseError> {
+        self.pool.resume(&target)
     }
 
     /// A task's state in this handler's pool, if the pool still remembers it.

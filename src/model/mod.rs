@@ -12,6 +12,7 @@ pub(crate) mod completion;
 pub(crate) mod dead_letter;
 pub(crate) mod error;
 pub(crate) mod id;
+pub(crate) mod pause;
 pub(crate) mod retry;
 pub(crate) mod state;
 pub(crate) mod task;

@@ -21,6 +21,7 @@ use crate::model::completion::Completion;
 use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
+use crate::model::pause::{PauseError, PauseTarget, Paused};
 use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
 use crate::model::task::{Dependency, Start};
 use crate::observe::metrics::{Ended, RunEnd};
@@ -286,6 +287,18 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
         type_index: u32,
         copy: &CopyPayload,
     ) -> Option<Box<dyn Any + Send>>;
+
+    // ===== pauses =====
+
+    /// Pauses `target`: once this returns, no task it covers starts (tasks claimed before
+    /// finish). `Ok(false)` if it was paused already.
+    fn pause(&self, target: &PauseTarget) -> Result<bool, PauseError>;
+
+    /// Resumes `target` and wakes workers for what it held. `Ok(false)` if it was not paused.
+    fn resume(&self, target: &PauseTarget) -> Result<bool, PauseError>;
+
+    /// The pauses in force, types first, then queues, each by name.
+    fn paused(&self) -> Result<Vec<Paused>, PauseError>;
 
     // ===== waiting and shutdown =====
 

@@ -61,6 +61,8 @@ pub(crate) struct Entry {
     pub(crate) concurrency: Option<u32>,
     /// At most this many of the type's tasks start per second.
     pub(crate) rate: Option<RateLimit>,
+    /// The queue the type belongs to.
+    pub(crate) queue: &'static str,
     /// How a durable store turns the payload and output into JSON and back.
     #[cfg(feature = "postgres")]
     pub(crate) codec: Option<crate::model::codec::Codec>,
@@ -132,6 +134,7 @@ impl Entry {
             downstream: None,
             concurrency: None,
             rate: None,
+            queue: crate::model::pause::DEFAULT_QUEUE,
             #[cfg(feature = "postgres")]
             codec: None,
         }

@@ -42,6 +42,14 @@
 //! a task held at a gate is never released by that same gate in the same step, so a claim's
 //! loop of pops, holds and releases ends (each task moves forward to another gate, or stays).
 //!
+//! **Pausing.** Every type also has a pause gate, closed while the type or its queue is paused:
+//! it comes first in [`Gates::admit`], so a paused type's tasks go to its held queue as workers
+//! pop them (tasks already running finish). A pause changes no task when it is made: the
+//! claim path finds the paused type's tasks where they are. Resuming releases the whole held
+//! queue at once to the front of `ready`, as free tasks (a pause has no capacity to count
+//! placeholders against), and wakes workers for them. A pool that was ever paused takes the
+//! gated path of a claim from then on.
+//!
 //! Nothing is released while the pool stops: held tasks are cancelled like any ready task.
 
 use std::time::Instant;
@@ -67,6 +75,8 @@ pub(crate) enum Gate {
     Concurrency(u32),
     /// The rate limit of type `.0`.
     Rate(u32),
+    /// The pause of type `.0` (paused itself, or through its queue).
+    Paused(u32),
 }
 
 impl Gate {
@@ -75,6 +85,7 @@ impl Gate {
             Gate::Breaker(_) => GateKind::Breaker,
             Gate::Concurrency(_) => GateKind::Concurrency,
             Gate::Rate(_) => GateKind::Rate,
+            Gate::Paused(_) => GateKind::Paused,
         }
     }
 }
@@ -120,17 +131,24 @@ struct Rate {
     held: Held,
 }
 
-/// A type's gates; all `None` for an ungated type.
-#[derive(Default)]
+/// A type's gates; all `None` (and not paused) for an ungated type.
 struct TypeGates {
     downstream: Option<u32>,
     concurrency: Option<Concurrency>,
     rate: Option<Rate>,
+    /// The type is paused, itself or through its queue: its tasks are held at `pause`.
+    paused: bool,
+    /// Tasks held while the type is paused; every one goes back to `ready` when it is resumed,
+    /// free (a pause has no capacity to count released tasks against).
+    pause: Held,
 }
 
 impl TypeGates {
     fn is_gated(&self) -> bool {
-        self.downstream.is_some() || self.concurrency.is_some() || self.rate.is_some()
+        self.downstream.is_some()
+            || self.concurrency.is_some()
+            || self.rate.is_some()
+            || self.paused
     }
 }
 
@@ -190,6 +208,8 @@ impl Gates {
                     limit,
                     held: Held::new(),
                 }),
+                paused: false,
+                pause: Held::new(),
             })
             .collect();
         let breakers: Vec<BreakerGate> = registry
@@ -211,6 +231,7 @@ impl Gates {
             if gates.rate.is_some() {
                 all.push(Gate::Rate(index));
             }
+            all.push(Gate::Paused(index));
         }
         Gates {
             types,
@@ -242,6 +263,7 @@ impl Gates {
             ),
             GateKind::Concurrency => Gate::Concurrency(type_index),
             GateKind::Rate => Gate::Rate(type_index),
+            GateKind::Paused => Gate::Paused(type_index),
         }
     }
 
@@ -262,6 +284,7 @@ impl Gates {
                 let limit = self.types[t as usize].rate.as_ref();
                 &limit.expect("a rate gate has a limit").held
             }
+            Gate::Paused(t) => &self.types[t as usize].pause,
         }
     }
 
@@ -276,6 +299,7 @@ impl Gates {
                 let limit = self.types[t as usize].rate.as_mut();
                 &mut limit.expect("a rate gate has a limit").held
             }
+            Gate::Paused(t) => &mut self.types[t as usize].pause,
         }
     }
 
@@ -283,8 +307,8 @@ impl Gates {
 
     /// Whether every gate of `type_index` lets a task start at `now`. If so, the task has
     /// started: it took the breaker's probe (if half-open), a concurrency slot and a token.
-    /// If not, the first gate found closed, in the order breaker, concurrency, rate; nothing
-    /// was taken. A breaker that lets a probe through emits its change (invariant 14).
+    /// If not, the first gate found closed, in the order pause, breaker, concurrency, rate;
+    /// nothing was taken. A breaker that lets a probe through emits its change (invariant 14).
     pub(crate) fn admit(
         &mut self,
         type_index: u32,
@@ -293,6 +317,9 @@ impl Gates {
     ) -> Result<(), GateKind> {
         let gates = &mut self.types[type_index as usize];
         // Asks every gate before taking anything from any.
+        if gates.paused {
+            return Err(GateKind::Paused);
+        }
         if let Some(d) = gates.downstream {
             let breaker = &self.breakers[d as usize];
             if breaker_capacity(&breaker.cell, &breaker.settings, now) == 0 {
@@ -412,6 +439,8 @@ impl Gates {
                     .take_while(|_| bucket.try_take(&rate.limit, now))
                     .count()
             }
+            Gate::Paused(t) if self.types[t as usize].paused => 0,
+            Gate::Paused(_) => usize::MAX,
         }
     }
 
@@ -430,6 +459,8 @@ impl Gates {
     ) -> usize {
         let capacity = self.capacity(gate, now);
         let kind = gate.kind();
+        // A resumed type's tasks go back free: nothing counts them against the pause.
+        let free = kind == GateKind::Paused;
         let held = self.held_mut(gate);
         let mut batch: Vec<(u8, Seq)> = Vec::new();
         while held.released < capacity {
@@ -439,12 +470,17 @@ impl Gates {
             else {
                 break;
             };
-            held.released += 1;
             let record = records
                 .get_mut(&seq)
                 .expect("a live held entry has a record");
-            // Keeps invariants 2 and 11: out of the held queue, into `ready`, marked.
-            record.gating = Gating::Released(kind);
+            // Keeps invariants 2 and 11: out of the held queue, into `ready`, marked (or free,
+            // from a pause).
+            if free {
+                record.gating = Gating::Free;
+            } else {
+                held.released += 1;
+                record.gating = Gating::Released(kind);
+            }
             batch.push((record.priority, seq));
         }
         self.held -= batch.len();
@@ -463,7 +499,7 @@ impl Gates {
             && match gate {
                 Gate::Rate(_) => true,
                 Gate::Breaker(d) => self.breakers[d as usize].cell.state == BreakerState::Open,
-                Gate::Concurrency(_) => false,
+                Gate::Concurrency(_) | Gate::Paused(_) => false,
             }
     }
 
@@ -481,7 +517,7 @@ impl Gates {
                 let breaker = &self.breakers[d as usize];
                 breaker.cell.reopens_at(&breaker.settings)
             }
-            Gate::Concurrency(_) => None,
+            Gate::Concurrency(_) | Gate::Paused(_) => None,
         }
     }
 
@@ -525,6 +561,22 @@ impl Gates {
             }
         }
         released
+    }
+
+    // ===== pausing =====
+
+    /// Whether type `type_index`'s pause gate is closed.
+    pub(crate) fn is_paused(&self, type_index: u32) -> bool {
+        self.types[type_index as usize].paused
+    }
+
+    /// Pauses type `type_index` or resumes it; returns whether that changed anything. A
+    /// resumed type's held tasks stay held until the caller releases its pause gate.
+    pub(crate) fn set_paused(&mut self, type_index: u32, paused: bool) -> bool {
+        let gates = &mut self.types[type_index as usize];
+        let changed = gates.paused != paused;
+        gates.paused = paused;
+        changed
     }
 
     // ===== reading =====
@@ -582,6 +634,8 @@ impl Gates {
                 GateKind::Breaker => g.downstream.is_some(),
                 GateKind::Concurrency => g.concurrency.is_some(),
                 GateKind::Rate => g.rate.is_some(),
+                // Invariant 16: held at a pause only while paused; never released from one.
+                GateKind::Paused => g.paused && matches!(record.gating, Gating::Held(_)),
             });
             if !has {
                 return Err((
@@ -653,6 +707,7 @@ impl Gates {
                     }
                     // Closed until its next token, which the timer waits for.
                     Gate::Rate(_) => true,
+                    Gate::Paused(t) => self.types[t as usize].paused,
                 };
                 if !closed {
                     return Err((

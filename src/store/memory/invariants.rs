@@ -184,6 +184,7 @@ impl State {
         if let Err((n, what)) = self.gates.check(&self.records) {
             return fail(n, what);
         }
+        self.check_pauses()?;
         let expired = self
             .records
             .values()

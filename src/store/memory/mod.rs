@@ -90,6 +90,7 @@ mod gate;
 mod ids;
 mod intake;
 mod invariants;
+mod pause;
 mod queue;
 mod reads;
 mod record;

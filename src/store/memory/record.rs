@@ -128,6 +128,8 @@ pub(crate) enum GateKind {
     Breaker,
     Concurrency,
     Rate,
+    /// The type, or its queue, is paused.
+    Paused,
 }
 
 /// Where a ready task stands with its gates: what tells the queue it is in, and which count to

@@ -121,7 +121,7 @@ impl State {
 
     /// Releases tasks held at `gate` back to `ready` (see [`Gates::release`](super::gate::Gates::release)), unless the pool
     /// stops; returns how many.
-    fn release(&mut self, gate: Gate, now: Instant) -> usize {
+    pub(super) fn release(&mut self, gate: Gate, now: Instant) -> usize {
         if self.stopping {
             return 0;
         }

@@ -54,7 +54,8 @@
 //!     and what opens it releases it: a concurrency gate is at its limit (a task of the type
 //!     leaving `Running` releases it), a breaker is open (its cool-down is a due time of the
 //!     timer) or half-open with its probe out (the probe's end releases it), a rate gate waits
-//!     for its bucket's next token (a due time of the timer).
+//!     for its bucket's next token (a due time of the timer), a pause gate is closed while
+//!     its type is paused (resuming releases it).
 //! 14. A breaker's `probe_out` is set only while it is half-open, and every change of a
 //!     breaker's state is emitted as an `Event::Breaker` in the step that makes it.
 //! 15. The outcome of a task whose unread handle lives (see `hub.rs`) is kept: in its record
@@ -62,13 +63,16 @@
 //!     `orphans`, published. No
 //!     task has both a record and an orphan. `early_drops` names only tasks still in the
 //!     intake.
+//! 16. A task is held at its type's pause gate only while a pause in `pauses` covers the type
+//!     (its own, or its queue's), and is never `Released` from one: resuming releases the whole
+//!     held queue, free. Each type's pause gate is closed exactly when a pause covers it.
 //!
 //! [`State::check_invariants`] checks these (for tests; it reads every record; the time-based
 //! halves of 12 and 13 are left to the tests of limits and breakers).
 
 use std::any::Any;
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::gate::Gates;
 use super::ids::{IdMap, Seq};
@@ -79,6 +83,7 @@ use crate::gates::aging::Aging;
 use crate::model::cancel::CancelToken;
 use crate::model::completion::Completion;
 use crate::model::id::TaskId;
+use crate::model::pause::PauseTarget;
 use crate::model::state::{CancelReason, Failure, TaskState};
 use crate::model::task::Dependency;
 use crate::observe::event::Event;
@@ -197,6 +202,10 @@ pub(crate) struct State {
     pub(super) events: Events,
     /// The task types' names, by index.
     pub(super) names: Vec<&'static str>,
+    /// The task types' queues, by index.
+    pub(super) queues: Vec<&'static str>,
+    /// The pauses in force, with when each was made (invariant 16).
+    pub(super) pauses: BTreeMap<PauseTarget, SystemTime>,
     /// Concurrency limits, rate limits, circuit breakers, and the tasks they hold back.
     pub(super) gates: Gates,
     /// How ready tasks age, if they do.
@@ -248,6 +257,8 @@ impl State {
             pool,
             events,
             names: registry.entries().iter().map(|e| e.name).collect(),
+            queues: registry.entries().iter().map(|e| e.queue).collect(),
+            pauses: BTreeMap::new(),
             gates: Gates::new(registry, epoch),
             aging: registry.aging,
             gated: registry.has_gates() || registry.aging.is_some(),

@@ -17,6 +17,7 @@ use crate::model::completion::{Completion, Finished};
 use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
+use crate::model::pause::{PauseError, PauseTarget, Paused};
 use crate::model::state::{CancelOutcome, CancelReason, TaskState};
 use crate::observe::events::Events;
 use crate::observe::metrics::RunEnd;
@@ -571,6 +572,18 @@ impl Store for MemoryStore {
         // Purged or pushed out while lent: dropped here, outside the lock.
         unwind::drop_quietly(left);
         copied
+    }
+
+    fn pause(&self, target: &PauseTarget) -> Result<bool, PauseError> {
+        self.transition(|state, _, _| state.pause(target))
+    }
+
+    fn resume(&self, target: &PauseTarget) -> Result<bool, PauseError> {
+        self.transition(|state, now, effects| state.resume(target, now, effects))
+    }
+
+    fn paused(&self) -> Result<Vec<Paused>, PauseError> {
+        Ok(self.lock().paused())
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {

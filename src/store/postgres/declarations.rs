@@ -39,7 +39,13 @@ impl Declared {
             "rate_burst": entry.rate.map(|r| r.burst()),
             "downstream": entry.downstream.map(|d| registry.downstreams[d as usize].0),
         });
-        Declared(value.as_object().cloned().unwrap_or_default())
+        let mut map = value.as_object().cloned().unwrap_or_default();
+        // Only a queue other than the default one is named: a declaration recorded before
+        // queues existed reads the same as one in the default queue.
+        if entry.queue != crate::model::pause::DEFAULT_QUEUE {
+            map.insert("queue".to_owned(), json!(entry.queue));
+        }
+        Declared(map)
     }
 
     /// How `self` differs from `other`, setting by setting, in name order: `"max_attempts 20

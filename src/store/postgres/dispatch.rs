@@ -89,9 +89,15 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
 /// join with the CTE would let a generic plan (the statement is prepared once per connection)
 /// hash the whole table.
 pub(crate) const CLAIM: &str = "
-    WITH picked AS (
+    WITH paused AS MATERIALIZED (SELECT * FROM tasq_paused()),
+    picked AS (
         SELECT id FROM tasq_tasks
         WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
+          -- `|| ''`: no statistics for the planner to read. With one type or one queue in
+          -- the table, `column <> <unknown>` is estimated to keep no row, and the plan turns
+          -- to a sequential scan and a sort (128 ms instead of 0.3 at 300,000 rows).
+          AND (type || '') <> ALL((SELECT types FROM paused)::TEXT[])
+          AND (queue || '') <> ALL((SELECT queues FROM paused)::TEXT[])
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED

@@ -86,9 +86,15 @@ use crate::store::registry::Registry;
 /// the rows of types not in `$4` (ungated) are claimed at once, leased for `$3` microseconds; the
 /// rows of types in `$4` (gated) come back unclaimed (no lease), still locked by the transaction.
 pub(crate) const PICK: &str = "
-    WITH picked AS (
+    WITH paused AS MATERIALIZED (SELECT * FROM tasq_paused()),
+    picked AS (
         SELECT id, type, priority, run_at FROM tasq_tasks
         WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
+          -- `|| ''`: no statistics for the planner to read. With one type or one queue in
+          -- the table, `column <> <unknown>` is estimated to keep no row, and the plan turns
+          -- to a sequential scan and a sort (128 ms instead of 0.3 at 300,000 rows).
+          AND (type || '') <> ALL((SELECT types FROM paused)::TEXT[])
+          AND (queue || '') <> ALL((SELECT queues FROM paused)::TEXT[])
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED

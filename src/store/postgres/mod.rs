@@ -87,6 +87,7 @@ mod gating;
 mod leader;
 mod migrate;
 mod notifier;
+mod pause;
 mod policy;
 mod publish;
 mod resubmit;

@@ -57,7 +57,7 @@ pub(super) fn revive(
     let Some(row) = tx.query_opt(
         "SELECT type, payload, COALESCE(base_priority, priority), key, dead, resubmitted_as,
                 status, run_at <= tasq_now(),
-                max_attempts, retry_base_us, retry_cap_us, timeout_us
+                max_attempts, retry_base_us, retry_cap_us, timeout_us, queue
          FROM tasq_tasks WHERE id = $1 FOR UPDATE",
         &[&seq],
     )?
@@ -92,6 +92,7 @@ pub(super) fn revive(
         at_us: None,
         settings: (row.get(8), row.get(9), row.get(10), row.get(11)),
         key: key.as_deref(),
+        queue: row.get(12),
     };
     let new = match insert_task(tx, queue, &insert, &[])? {
         Ok((new, false, _)) => new,
@@ -128,7 +129,7 @@ pub(super) fn revive(
              SELECT t.id, t.type, t.payload, COALESCE(t.base_priority, t.priority), t.key,
                     t.max_attempts,
                     ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1),
-                    t.retry_base_us, t.retry_cap_us, t.timeout_us
+                    t.retry_base_us, t.retry_cap_us, t.timeout_us, t.queue
              FROM tasq_tasks t JOIN doomed ON t.id = doomed.id
              WHERE t.id <> $1 AND t.resubmitted_as IS NULL AND t.payload IS NOT NULL
              ORDER BY t.id",
@@ -155,6 +156,7 @@ pub(super) fn revive(
                 at_us: None,
                 settings: (row.get(5), row.get(7), row.get(8), row.get(9)),
                 key: key.as_deref(),
+                queue: row.get(10),
             };
             let mut inserted = insert_task(tx, queue, &insert, &dependencies)?;
             if matches!(

@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 5;
+pub(crate) const VERSION: i32 = 6;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 5] = [V1, V2, V3, V4, V5];
+const MIGRATIONS: [&str; 6] = [V1, V2, V3, V4, V5, V6];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -215,6 +215,44 @@ CREATE TABLE IF NOT EXISTS tasq_declarations (
     declared_by TEXT NOT NULL,
     declared_at TIMESTAMPTZ NOT NULL
 );
+";
+
+/// Version 6: queues and pauses.
+///
+/// * `queue`: the queue a task belongs to, from its type's options when it was submitted (rows
+///   from before this version are in `default`).
+/// * `tasq_pauses`: the types and queues paused for the whole fleet, until resumed.
+/// * `tasq_paused()`: what every claim reads the pauses through. It first takes the pause
+///   fence, a transaction-scoped advisory lock, shared (claims do not wait for each other),
+///   then reads the pauses with a snapshot of its own (a `VOLATILE` function's statements take
+///   theirs as they run, after the lock). A pause takes the fence exclusively before it writes
+///   its row: so it returns only after every claim that read the pauses without it has
+///   committed, and every claim after it reads its row. The fence's key is the table's oid in
+///   a range of tasq's own (`0x74617371` in the high half), so each schema has its own.
+const V6: &str = "
+ALTER TABLE tasq_tasks ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
+
+CREATE TABLE IF NOT EXISTS tasq_pauses (
+    kind      TEXT NOT NULL CHECK (kind IN ('type', 'queue')),
+    name      TEXT NOT NULL,
+    paused_at TIMESTAMPTZ NOT NULL,
+    paused_by TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+
+CREATE OR REPLACE FUNCTION tasq_pause_fence() RETURNS BIGINT LANGUAGE sql STABLE AS $$
+    SELECT (x'7461737100000000'::BIGINT) + 'tasq_pauses'::regclass::oid::BIGINT
+$$;
+
+CREATE OR REPLACE FUNCTION tasq_paused(OUT types TEXT[], OUT queues TEXT[])
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(tasq_pause_fence());
+    SELECT COALESCE(array_agg(name) FILTER (WHERE kind = 'type'), '{}'),
+           COALESCE(array_agg(name) FILTER (WHERE kind = 'queue'), '{}')
+    INTO types, queues FROM tasq_pauses;
+END
+$$;
 ";
 
 /// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL

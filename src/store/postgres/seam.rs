@@ -16,6 +16,7 @@ use crate::model::completion::Completion;
 use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
+use crate::model::pause::{PauseError, PauseTarget, Paused};
 use crate::model::state::{CancelOutcome, TaskState};
 use crate::observe::metrics::RunEnd;
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
@@ -436,6 +437,18 @@ impl Store for PgStore {
         codec.decode_payload(row.get(0)).ok()
     }
 
+    fn pause(&self, target: &PauseTarget) -> Result<bool, PauseError> {
+        self.pause_fleet(target)
+    }
+
+    fn resume(&self, target: &PauseTarget) -> Result<bool, PauseError> {
+        self.resume_fleet(target)
+    }
+
+    fn paused(&self) -> Result<Vec<Paused>, PauseError> {
+        self.fleet_pauses()
+    }
+
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {
         self.poll_until(deadline, |store| {
             if !store.local.lock().settled() {
@@ -625,7 +638,8 @@ impl Store for PgStore {
 }
 
 /// Whether the queue runs nothing and holds nothing due but the types `$1`, which gates hold
-/// back (`wait_idle`'s poll): each priority's due range read until a task of another type.
+/// back, and the paused types and queues (`wait_idle`'s poll): each priority's due range read
+/// until a task of another type.
 pub(super) const IDLE: &str = concat!(
     ready_priorities!(),
     "SELECT NOT EXISTS (SELECT 1 FROM tasq_tasks WHERE status = 'running')
@@ -634,6 +648,9 @@ pub(super) const IDLE: &str = concat!(
                 SELECT 1 FROM tasq_tasks t
                 WHERE t.status = 'ready' AND t.priority = prio.p AND t.run_at <= tasq_now()
                   AND t.type <> ALL($1)
+                  AND NOT EXISTS (SELECT 1 FROM tasq_pauses p
+                                  WHERE (p.kind = 'type' AND p.name = t.type)
+                                     OR (p.kind = 'queue' AND p.name = t.queue))
                 LIMIT 1) x
             WHERE prio.p IS NOT NULL)"
 );

@@ -31,6 +31,8 @@ pub(super) struct Insert<'a> {
     /// The task's settings as their columns (see `super::rows::settings_columns`).
     pub(super) settings: super::rows::SettingsColumns,
     pub(super) key: Option<&'a str>,
+    /// The queue the task belongs to, for good (pauses match it).
+    pub(super) queue: &'a str,
 }
 
 /// Inserts one task in `tx`: checks its key and dependencies, inserts the row and its edges.
@@ -111,14 +113,14 @@ pub(super) fn insert_task(
         let inserted = tx.query_opt(
             "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
                                      pending_deps, cancel_reason, cancel_cause, finished_at,
-                                     retry_base_us, retry_cap_us, timeout_us)
+                                     retry_base_us, retry_cap_us, timeout_us, queue)
              VALUES ($1, $2, $3, $4, $5,
                      CASE WHEN $14::BIGINT IS NULL
                           THEN tasq_now() + interval '1 microsecond' * $6::BIGINT
                           ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * $14,
                                         tasq_now()) END,
                      $7, $8, $9, $10,
-                     CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13)
+                     CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13, $15)
              ON CONFLICT (key) WHERE key IS NOT NULL
                  AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
              RETURNING id",
@@ -137,6 +139,7 @@ pub(super) fn insert_task(
                 &task.settings.2,
                 &task.settings.3,
                 &task.at_us,
+                &task.queue,
             ],
         )?;
         if let Some(row) = inserted {
@@ -221,19 +224,20 @@ pub(super) fn insert_batch(
         let caps: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.2).collect();
         let timeouts: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].settings.3).collect();
         let ats: Vec<Option<i64>> = plain.iter().map(|&i| inserts[i].at_us).collect();
+        let queues: Vec<&str> = plain.iter().map(|&i| inserts[i].queue).collect();
         // ids come from the sequence in the select's order, so sorted ids follow the batch.
         let rows = tx.query(
             "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts,
-                                     retry_base_us, retry_cap_us, timeout_us)
+                                     retry_base_us, retry_cap_us, timeout_us, queue)
              SELECT t.type, t.payload, t.priority, 'ready',
                     CASE WHEN t.at IS NULL THEN tasq_now() + interval '1 microsecond' * t.delay
                          ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * t.at,
                                        tasq_now()) END,
-                    t.max_attempts, t.base, t.cap, t.timeout
+                    t.max_attempts, t.base, t.cap, t.timeout, t.queue
              FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[],
-                         $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[])
+                         $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::TEXT[])
                   WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, base, cap,
-                                       timeout, at, n)
+                                       timeout, at, queue, n)
              ORDER BY t.n
              RETURNING id",
             &[
@@ -246,6 +250,7 @@ pub(super) fn insert_batch(
                 &caps,
                 &timeouts,
                 &ats,
+                &queues,
             ],
         )?;
         let mut ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
@@ -331,6 +336,7 @@ impl PgStore {
             at_us: self.wall_clock_due(task.start),
             settings: super::rows::settings_columns(&task.settings),
             key: task.key,
+            queue: self.registry.entry(task.type_index).queue,
         }
     }
 
