@@ -74,6 +74,7 @@ pub use api::pool::Pool;
 pub use api::type_options::TypeOptions;
 pub use client::context::Context;
 pub use client::handle::{Outcome, Resubmitted, TaskHandle};
+pub use client::schedule::Schedule;
 #[cfg(feature = "postgres")]
 pub use client::submit::Receipt;
 pub use gates::aging::Aging;
@@ -91,6 +92,7 @@ pub use model::error::{SchemaError, SucceedInError};
 pub use model::id::{ParseTaskIdError, TaskId};
 pub use model::pause::{DEFAULT_QUEUE, PauseError, PauseTarget, Paused};
 pub use model::retry::{HandlerError, ResultExt, RetryPolicy};
+pub use model::schedule::{MAX_CATCH_UP, Missed, ScheduleInfo};
 pub use model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
 pub use model::task::{Dependency, Task, TaskType};
 pub use observe::alert::{Alert, AlertScope, AlertValue};

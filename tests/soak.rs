@@ -176,6 +176,11 @@ const OWN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The downstream [`GUARDED`] and [`TIMED`] call: its breaker opens after a few failures in a
 /// row and probes again soon.
+/// The periodic task the run mixes in: a slot every [`TICK_EVERY`], every missed one caught
+/// up, paused now and then by the pauser.
+const TICK: TaskType<u64, ()> = TaskType::new("soak-tick");
+const TICK_EVERY: Duration = Duration::from_millis(20);
+
 const DOWNSTREAM: &str = "soak-downstream";
 const BREAKER: Breaker = Breaker::new(3, Duration::from_millis(1));
 /// What a guarded handler returns while the downstream is out.
@@ -1220,6 +1225,7 @@ struct Produced {
 
 struct Shared<'a> {
     pool: &'a Pool,
+    ticks: &'a Ticks,
     recorder: &'a Recorder,
     findings: &'a Findings,
     /// Set just before the shutdown is triggered.
@@ -1687,6 +1693,71 @@ fn wait_for_backlog(sh: &Shared<'_>) {
     }
 }
 
+/// What the periodic task did: the slots its payload function made (in microseconds since the
+/// epoch), the slots its handler ran, and the payloads made while the pauser held it paused.
+#[derive(Default)]
+struct Ticks {
+    made: Mutex<Vec<u64>>,
+    ran: Mutex<Vec<u64>>,
+    paused: AtomicBool,
+    made_while_paused: AtomicU64,
+}
+
+impl Ticks {
+    fn schedule(ticks: &Arc<Ticks>) -> tasq::Schedule {
+        let ticks = Arc::clone(ticks);
+        tasq::Schedule::every("soak-tick", TICK_EVERY, TICK, move |slot| {
+            if ticks.paused.load(Ordering::SeqCst) {
+                ticks.made_while_paused.fetch_add(1, Ordering::SeqCst);
+            }
+            let micros = slot
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros() as u64;
+            ticks.made.lock().unwrap().push(micros);
+            micros
+        })
+        .missed(tasq::Missed::CatchUp(tasq::MAX_CATCH_UP))
+    }
+
+    /// Every slot made once, none skipped (catch-up), none while paused, each run at most once
+    /// and only if made; returns how many were made.
+    fn check(&self, findings: &Findings) -> u64 {
+        let made = self.made.lock().unwrap().clone();
+        let step = TICK_EVERY.as_micros() as u64;
+        if let Some(pair) = made.windows(2).find(|w| w[1] != w[0] + step) {
+            findings.add("a schedule's slots were skipped or made twice", || {
+                format!(
+                    "{} then {} (every {step} us); {} made",
+                    pair[0],
+                    pair[1],
+                    made.len()
+                )
+            });
+        }
+        let while_paused = self.made_while_paused.load(Ordering::SeqCst);
+        if while_paused > 0 {
+            findings.add("a paused schedule made slots", || {
+                format!("{while_paused} made")
+            });
+        }
+        let mut ran = self.ran.lock().unwrap().clone();
+        ran.sort_unstable();
+        let made_set: HashSet<u64> = made.iter().copied().collect();
+        if ran.windows(2).any(|w| w[0] == w[1]) || ran.iter().any(|r| !made_set.contains(r)) {
+            findings.add("a schedule's slot ran twice, or ran unmade", || {
+                format!("{} ran of {} made", ran.len(), made.len())
+            });
+        }
+        println!(
+            "soak ticks: {} slots made, {} ran, {while_paused} made while paused",
+            made.len(),
+            ran.len()
+        );
+        made.len() as u64
+    }
+}
+
 /// What the pauser did: pauses made (each returned `Ok(true)`), and refusals it did not expect.
 #[derive(Default, Debug)]
 struct Pausing {
@@ -1698,7 +1769,8 @@ struct Pausing {
 /// marking the types it covers in the recorder while it is in force; every pause is resumed
 /// before it returns (and no later than the shutdown's start).
 fn pause_randomly(sh: &Shared<'_>, mut rng: Rng) -> Pausing {
-    let targets: [(PauseTarget, Vec<Ty>); 4] = [
+    let targets: [(PauseTarget, Vec<Ty>); 5] = [
+        (PauseTarget::schedule("soak-tick"), vec![]),
         (
             PauseTarget::queue(tasq::DEFAULT_QUEUE),
             Ty::ALL
@@ -1729,6 +1801,10 @@ fn pause_randomly(sh: &Shared<'_>, mut rng: Rng) -> Pausing {
             Ok(true) => pausing.pauses += 1,
             other => pausing.wrong.push(format!("pause({target}) = {other:?}")),
         }
+        let schedule = matches!(target, PauseTarget::Schedule(_));
+        if schedule {
+            sh.ticks.paused.store(true, Ordering::SeqCst);
+        }
         for ty in covered {
             sh.recorder.paused[ty.index()].store(true, Ordering::SeqCst);
         }
@@ -1736,6 +1812,7 @@ fn pause_randomly(sh: &Shared<'_>, mut rng: Rng) -> Pausing {
         for ty in covered {
             sh.recorder.paused[ty.index()].store(false, Ordering::SeqCst);
         }
+        sh.ticks.paused.store(false, Ordering::SeqCst);
         match sh.pool.resume(target.clone()) {
             Ok(true) => {}
             other => pausing.wrong.push(format!("resume({target}) = {other:?}")),
@@ -2724,6 +2801,15 @@ fn run(cfg: Config) {
     };
     // The fast type takes the pool's defaults.
     builder = builder.register(FAST, handler(&recorder));
+    let ticks = Arc::new(Ticks::default());
+    {
+        let ticks = Arc::clone(&ticks);
+        builder = builder.register(TICK, move |_, slot: &u64| {
+            ticks.ran.lock().unwrap().push(*slot);
+            Ok::<_, HandlerError>(())
+        });
+    }
+    builder = builder.schedule(Ticks::schedule(&ticks));
     for ty in Ty::ALL.into_iter().filter(|&ty| ty != Ty::Fast) {
         builder = builder.register_with(ty.task_type(), ty.options(), handler(&recorder));
     }
@@ -2755,6 +2841,7 @@ fn run(cfg: Config) {
     let workers_lost = AtomicBool::new(false);
     let sh = Shared {
         pool: &pool,
+        ticks: &ticks,
         recorder: &recorder,
         findings: &findings,
         shutting_down: &shutting_down,
@@ -2871,6 +2958,10 @@ fn run(cfg: Config) {
         stats.as_ref(),
         &events,
         &listing,
+        (
+            ticks.check(&findings),
+            ticks.ran.lock().unwrap().len() as u64,
+        ),
     );
     let hooks = check_worker_hooks(&cfg, &findings, &worker_log, report.is_some());
     let check_time = checking.elapsed();
@@ -2963,6 +3054,7 @@ fn check(
     stats: Option<&tasq::Stats>,
     events: &EventLog,
     listing: &Listing,
+    ticks: (u64, u64),
 ) -> String {
     // 1. Every handle returns a terminal outcome. One wait of HANDLE_WAIT at most: once one
     //    handle timed out, the others are only polled.
@@ -3035,11 +3127,16 @@ fn check(
     let c = &produced.counters;
     if let Some(stats) = stats {
         let t = stats.totals;
-        if t.submitted != c.accepted + c.resubmitted + c.brought_back + c.followed_up {
+        // The periodic task's slots are submitted by the pool itself: at least every slot that
+        // ran, at most every slot made (one made as a pause began is dropped unsubmitted).
+        let others = c.accepted + c.resubmitted + c.brought_back + c.followed_up;
+        let scheduled = t.submitted.saturating_sub(others);
+        if t.submitted < others || scheduled > ticks.0 || scheduled < ticks.1 {
             findings.add("totals.submitted differs from the accepted tasks", || {
                 format!(
-                    "{t:?}, accepted {} + resubmitted {} + brought back {} + followed up {}",
-                    c.accepted, c.resubmitted, c.brought_back, c.followed_up
+                    "{t:?}, accepted {} + resubmitted {} + brought back {} + followed up {} \
+                     + scheduled between {} ran and {} made",
+                    c.accepted, c.resubmitted, c.brought_back, c.followed_up, ticks.1, ticks.0
                 )
             });
         }
@@ -3056,7 +3153,7 @@ fn check(
             );
         }
         // Brought-back dependents the test never got a handle to are in the totals only.
-        let unseen = c.brought_back_unseen;
+        let unseen = c.brought_back_unseen + scheduled;
         let seen = succeeded + failed + cancelled;
         if unfinished == 0
             && (t.succeeded < succeeded
@@ -3452,7 +3549,8 @@ fn check(
     //    settings, within its limit, and in a terminal state only if it ended so.
     for listed in &listing.listed {
         let Some(acc) = produced.tasks.get(&listed.id) else {
-            if !produced.dead.unseen.contains(&listed.id) {
+            // The periodic task's, which the pool submits itself (checked by `Ticks::check`).
+            if listed.task_type != TICK.name() && !produced.dead.unseen.contains(&listed.id) {
                 findings.add(
                     "a page of tasks lists a task the run never submitted",
                     || format!("{listed:?}"),

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use crate::api::pool::Pool;
 use crate::api::type_options::TypeOptions;
 use crate::client::context::Context;
+use crate::client::schedule::Schedule;
 use crate::gates::aging::Aging;
 use crate::gates::breaker::Breaker;
 use crate::model::clock::{Clock, ManualClock};
@@ -16,11 +17,13 @@ use crate::observe::alert::{Alert, AlertScope};
 use crate::observe::events::Hook;
 use crate::runtime::handlers::{self, ErasedHandler, Handlers};
 use crate::runtime::monitor::{Monitor, Watch};
+use crate::runtime::scheduler::Scheduler;
 use crate::runtime::worker;
 use crate::store::Store;
 use crate::store::memory::{MemoryStore, Retention};
 use crate::store::registry::{Entry, Registry};
-use crate::sync::Arc;
+use crate::store::schedule::ScheduleDef;
+use crate::sync::{Arc, Weak};
 
 /// The settings that watch over a pool: hooks, alerts, breakers, aging and the monitor.
 pub(crate) struct Oversight {
@@ -98,6 +101,8 @@ pub struct Builder<S = Embedded> {
     pub(super) max_attempts: u32,
     pub(super) retry: RetryPolicy,
     pub(super) pending: Vec<Pending>,
+    /// The periodic tasks, checked by `build` (see `schedule.rs`).
+    pub(super) schedules: Vec<Schedule>,
     pub(super) duplicate: Option<&'static str>,
     pub(super) retention: Retention,
     /// `retention` or `dead_letter_limit` was called: refused by a durable pool, whose policy is
@@ -159,6 +164,7 @@ impl Builder<Embedded> {
             max_attempts: 3,
             retry: RetryPolicy::default(),
             pending: Vec::new(),
+            schedules: Vec::new(),
             duplicate: None,
             retention: Retention {
                 max_count: 10_000,
@@ -289,7 +295,7 @@ impl Builder<Embedded> {
             next_pool_id(),
             monitor.events.clone(),
         );
-        start(store, monitor, rest.watch, timed, &threads)
+        start(store, monitor, rest.watch, timed, &threads, rest.schedules)
     }
 }
 
@@ -298,11 +304,36 @@ pub(crate) struct Checked<S> {
     pub(crate) clock: Clock,
     pub(crate) retention: Retention,
     pub(crate) watch: Watch,
+    pub(crate) schedules: Vec<ScheduleDef>,
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) store: S,
 }
 
 impl<S> Builder<S> {
+    /// Adds a periodic task (see [`Schedule`]). Its task type must be registered with the pool
+    /// (a durable pool may declare it without a handler: another process runs it), and two
+    /// schedules may not share a name; otherwise the build fails with
+    /// [`BuildError::InvalidSchedule`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tasq::{HandlerError, Pool, Schedule, TaskType};
+    ///
+    /// const BEAT: TaskType<(), ()> = TaskType::new("beat");
+    /// let pool = Pool::builder()
+    ///     .register(BEAT, |_, _: &()| Ok::<_, HandlerError>(()))
+    ///     .schedule(Schedule::every("beat", Duration::from_secs(30), BEAT, |_| ()))
+    ///     .build()?;
+    /// # let _ = pool;
+    /// # Ok::<(), tasq::BuildError>(())
+    /// ```
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Adds a registration; a name registered twice fails the build.
     pub(super) fn push(
         &mut self,
@@ -455,7 +486,9 @@ impl<S> Builder<S> {
             exit_hook: self.worker_exit,
             handlers: std::sync::Arc::clone(&handlers),
         };
+        let schedules = crate::client::schedule::check_all(self.schedules, &registry)?;
         let rest = Checked {
+            schedules,
             clock: self.clock,
             retention: self.retention,
             watch: Watch {
@@ -781,11 +814,21 @@ pub(super) fn start<S: Store + 'static>(
     watch: Watch,
     timed: bool,
     threads: &worker::Threads,
+    schedules: Vec<ScheduleDef>,
 ) -> Result<Pool, BuildError> {
     let handles = worker::spawn(&store, &monitor, threads).map_err(BuildError::Spawn)?;
     let store: Arc<dyn Store> = store;
     let weak = Arc::downgrade(&store);
-    let pool = Pool::new(store, Arc::clone(&monitor), handles);
+    let clock = store.clock().clone();
+    let mut pool = Pool::new(store, Arc::clone(&monitor), handles);
+    if !schedules.is_empty() {
+        // Dropped on failure: the pool stops its workers.
+        pool.store
+            .register_schedules(&schedules)
+            .map_err(BuildError::Store)?;
+        pool.scheduler = Scheduler::start(Weak::clone(&weak), schedules, clock, &threads.name)
+            .map_err(BuildError::Spawn)?;
+    }
     // Dropped on failure: the pool stops its workers.
     monitor
         .start(weak, watch.alerts, timed, &threads.name)
@@ -837,6 +880,14 @@ impl<S: fmt::Debug> fmt::Debug for Builder<S> {
                     .pending
                     .iter()
                     .map(|p| p.entry.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "schedules",
+                &self
+                    .schedules
+                    .iter()
+                    .map(Schedule::name)
                     .collect::<Vec<_>>(),
             )
             .field("retention", &self.retention)

@@ -45,6 +45,7 @@ impl Builder<Embedded> {
             max_attempts: self.max_attempts,
             retry: self.retry,
             pending: self.pending,
+            schedules: self.schedules,
             duplicate: self.duplicate,
             retention: self.retention,
             retention_set: self.retention_set,
@@ -291,6 +292,6 @@ impl Builder<crate::store::postgres::Postgres> {
             rest.clock,
             monitor.events.clone(),
         )?;
-        start(store, monitor, rest.watch, timed, &threads)
+        start(store, monitor, rest.watch, timed, &threads, rest.schedules)
     }
 }

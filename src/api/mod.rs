@@ -10,4 +10,5 @@ mod durable;
 mod oversight;
 mod pause;
 pub(crate) mod pool;
+mod schedules;
 pub(crate) mod type_options;

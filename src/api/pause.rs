@@ -56,7 +56,12 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn resume(&self, target: PauseTarget) -> Result<bool, PauseError> {
-        self.store.resume(&target)
+        let resumed = self.store.resume(&target)?;
+        if let (PauseTarget::Schedule(_), Some(scheduler)) = (&target, &self.scheduler) {
+            // Its missed slots are decided now, not at its next slot.
+            scheduler.kick();
+        }
+        Ok(resumed)
     }
 
     /// The pauses in force (on the durable store, the whole fleet's), types first, then

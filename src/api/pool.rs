@@ -12,6 +12,7 @@ use crate::model::task::{Task, TaskType};
 use crate::observe::metrics::Metrics;
 use crate::observe::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, TypeStats};
 use crate::runtime::monitor::Monitor;
+use crate::runtime::scheduler::Scheduler;
 use crate::store::Store;
 use crate::sync::{self, Arc, JoinHandle, Mutex, ThreadId};
 
@@ -55,6 +56,8 @@ pub struct Pool {
     monitor: Arc<Monitor>,
     workers: Mutex<Vec<JoinHandle>>,
     worker_ids: Vec<ThreadId>,
+    /// The thread that submits the periodic tasks' slots (a pool with schedules only).
+    pub(super) scheduler: Option<Arc<Scheduler>>,
 }
 
 impl Pool {
@@ -69,6 +72,7 @@ impl Pool {
             monitor,
             workers: Mutex::new(handles),
             worker_ids,
+            scheduler: None,
         }
     }
 
@@ -660,6 +664,10 @@ impl Pool {
         // A handler that shuts its own pool down cannot wait for its own task, nor join any worker
         // (another handler may be in shutdown too, waiting for this one's thread).
         let from_handler = self.worker_ids.contains(&sync::current_thread_id());
+        // No slot is submitted once the shutdown begins.
+        if let Some(scheduler) = &self.scheduler {
+            scheduler.stop_and_join();
+        }
         let drained = self.store.drain(from_handler, deadline);
         if !from_handler {
             let handles = std::mem::take(&mut *self.workers.lock());
@@ -699,6 +707,9 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if let Some(scheduler) = &self.scheduler {
+            scheduler.stop();
+        }
         self.store.stop_now();
         self.monitor.stop();
         self.monitor.events.stop();

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, Weak};
 
@@ -69,6 +69,24 @@ impl Clock {
         }
     }
 
+    /// The wall-clock time now: the system's, or a manual clock's start on the wall clock plus
+    /// how far it moved (see [`ManualClock::starting_at`]).
+    pub(crate) fn wall_now(&self) -> SystemTime {
+        match self {
+            Clock::System => SystemTime::now(),
+            Clock::Manual(clock) => clock.wall_now(),
+        }
+    }
+
+    /// The wall-clock start a manual clock was given with [`ManualClock::starting_at`].
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn manual_wall_start(&self) -> Option<SystemTime> {
+        match self {
+            Clock::Manual(clock) if clock.inner.explicit => Some(clock.inner.wall_start),
+            _ => None,
+        }
+    }
+
     pub(crate) fn register(&self, sleeper: Weak<dyn Wake>) {
         if let Clock::Manual(clock) = self {
             clock.register(sleeper);
@@ -102,6 +120,10 @@ struct ManualInner {
     /// The real instant this clock started at; `now()` is `start + offset`.
     start: Instant,
     offset_nanos: AtomicU64,
+    /// The wall-clock time `start` stands for.
+    wall_start: SystemTime,
+    /// `wall_start` was given ([`ManualClock::starting_at`]), not read from the system.
+    explicit: bool,
     sleepers: Mutex<Vec<Weak<dyn Wake>>>,
 }
 
@@ -115,13 +137,56 @@ impl ManualClock {
     /// assert_eq!(clock.now(), clock.now());
     /// ```
     pub fn new() -> Self {
+        ManualClock::with_start(SystemTime::now(), false)
+    }
+
+    /// Creates a manual clock whose wall-clock time starts at `at`: what periodic tasks (see
+    /// [`Schedule`](crate::Schedule)) read as the time now, and, on the durable store, the
+    /// database's `tasq_now()` for the pool. A test of a schedule across a daylight-saving
+    /// change starts its clock just before it. ([`new`](ManualClock::new) starts at the system's
+    /// time.)
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// let clock = tasq::ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    /// clock.advance(Duration::from_secs(60));
+    /// assert_eq!(clock.wall_now(), UNIX_EPOCH + Duration::from_secs(1_800_000_060));
+    /// ```
+    pub fn starting_at(at: SystemTime) -> Self {
+        ManualClock::with_start(at, true)
+    }
+
+    fn with_start(wall_start: SystemTime, explicit: bool) -> Self {
         ManualClock {
             inner: Arc::new(ManualInner {
                 start: Instant::now(),
                 offset_nanos: AtomicU64::new(0),
+                wall_start,
+                explicit,
                 sleepers: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// The clock's wall-clock time: its start on the wall clock (the system's time when it was
+    /// made, or the one given to [`starting_at`](ManualClock::starting_at)) plus how far it moved.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let clock = tasq::ManualClock::new();
+    /// let before = clock.wall_now();
+    /// clock.advance(Duration::from_secs(3600));
+    /// assert_eq!(clock.wall_now().duration_since(before).unwrap(), Duration::from_secs(3600));
+    /// ```
+    pub fn wall_now(&self) -> SystemTime {
+        let offset = Duration::from_nanos(self.inner.offset_nanos.load(Ordering::SeqCst));
+        self.inner.wall_start + offset
     }
 
     /// The clock's current time.

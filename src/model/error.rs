@@ -44,6 +44,17 @@ pub enum BuildError {
     /// the schema is missing or from another version (see [`crate::postgres::migrate`]).
     #[error("the store could not start: {0}")]
     Store(String),
+    /// A schedule ([`Builder::schedule`](crate::Builder::schedule)) that cannot run: a bad
+    /// period, cron expression or time zone, a task type the pool does not register, a name
+    /// used twice.
+    #[error("schedule {schedule} {problem}")]
+    InvalidSchedule {
+        /// The schedule's name.
+        schedule: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+
     /// A setting that makes no sense: a zero limit or timeout, a breaker that opens after zero
     /// failures, a downstream without a breaker, an alert on a type the pool does not register.
     #[error("{setting} of {of} {problem}")]

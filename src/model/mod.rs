@@ -9,10 +9,13 @@ pub(crate) mod clock;
 #[cfg(feature = "postgres")]
 pub(crate) mod codec;
 pub(crate) mod completion;
+#[cfg(feature = "cron")]
+pub(crate) mod cron;
 pub(crate) mod dead_letter;
 pub(crate) mod error;
 pub(crate) mod id;
 pub(crate) mod pause;
 pub(crate) mod retry;
+pub(crate) mod schedule;
 pub(crate) mod state;
 pub(crate) mod task;

@@ -33,6 +33,10 @@ pub enum PauseTarget {
     Type(String),
     /// Every task of the types in the queue of this name.
     Queue(String),
+    /// The periodic task of this name (see [`Schedule`](crate::Schedule)): no slot of it is
+    /// submitted while it is paused; on resume, its missed slots follow its
+    /// [`Missed`](crate::Missed) policy.
+    Schedule(String),
 }
 
 impl PauseTarget {
@@ -60,7 +64,19 @@ impl PauseTarget {
         PauseTarget::Queue(name.into())
     }
 
-    /// The type's or the queue's name.
+    /// The schedule named `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let target = tasq::PauseTarget::schedule("nightly");
+    /// assert_eq!(target.to_string(), "schedule nightly");
+    /// ```
+    pub fn schedule(name: impl Into<String>) -> Self {
+        PauseTarget::Schedule(name.into())
+    }
+
+    /// The type's, the queue's or the schedule's name.
     ///
     /// # Examples
     ///
@@ -69,15 +85,18 @@ impl PauseTarget {
     /// ```
     pub fn name(&self) -> &str {
         match self {
-            PauseTarget::Type(name) | PauseTarget::Queue(name) => name,
+            PauseTarget::Type(name) | PauseTarget::Queue(name) | PauseTarget::Schedule(name) => {
+                name
+            }
         }
     }
 
-    /// `"type"` or `"queue"`: how the durable store's rows name the kind.
+    /// `"type"`, `"queue"` or `"schedule"`: how the durable store's rows name the kind.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             PauseTarget::Type(_) => "type",
             PauseTarget::Queue(_) => "queue",
+            PauseTarget::Schedule(_) => "schedule",
         }
     }
 
@@ -86,7 +105,7 @@ impl PauseTarget {
         let problem = match self {
             PauseTarget::Type(name) if name.is_empty() => Some("is empty"),
             PauseTarget::Type(_) => None,
-            PauseTarget::Queue(name) => check_queue_name(name).err(),
+            PauseTarget::Queue(name) | PauseTarget::Schedule(name) => check_queue_name(name).err(),
         };
         match problem {
             Some(problem) => Err(PauseError::InvalidName {

@@ -22,12 +22,14 @@ use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
+use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
 use crate::model::task::{Dependency, Start};
 use crate::observe::metrics::{Ended, RunEnd};
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::hub::Hub;
 use crate::store::registry::{Registry, Settings};
+use crate::store::schedule::{ScheduleDef, Tick};
 use crate::sync::Arc;
 
 pub(crate) mod hub;
@@ -35,6 +37,7 @@ pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod registry;
+pub(crate) mod schedule;
 
 /// The hub of a pool's handles (see `hub.rs`), handing out the store.
 pub(crate) type StoreHub = Hub<dyn Store>;
@@ -72,6 +75,63 @@ impl<P: Send + 'static> PayloadSlot for Option<P> {
 
     fn peek(&self) -> &(dyn Any + Send) {
         self.as_ref().expect("the payload is in place until taken")
+    }
+}
+
+// ===== a schedule's slots, on their way in (see `schedule.rs`) =====
+
+impl ScheduleDef {
+    /// A submission of `payload` as this schedule's task.
+    pub(crate) fn submission<'a>(&self, payload: &'a mut MadePayload) -> Submission<'a> {
+        Submission {
+            type_index: self.type_index,
+            priority: self.priority,
+            start: Start::Now,
+            dependencies: &[],
+            key: None,
+            settings: self.settings,
+            payload,
+        }
+    }
+}
+
+/// A payload made for a slot, until a store takes it; dropped quietly if none does.
+pub(crate) struct MadePayload(Option<Box<dyn Any + Send>>);
+
+impl MadePayload {
+    pub(crate) fn new(payload: Box<dyn Any + Send>) -> MadePayload {
+        MadePayload(Some(payload))
+    }
+}
+
+impl PayloadSlot for MadePayload {
+    fn take(&mut self) -> Box<dyn Any + Send> {
+        self.0.take().expect("a store takes a payload once")
+    }
+
+    fn peek(&self) -> &(dyn Any + Send) {
+        &**self
+            .0
+            .as_ref()
+            .expect("the payload is in place until taken")
+    }
+}
+
+impl Drop for MadePayload {
+    fn drop(&mut self) {
+        crate::unwind::drop_quietly(self.0.take());
+    }
+}
+
+/// A schedule's task was submitted and nobody holds a handle to it: what a handle dropped unread
+/// at once would do (see `hub.rs`), so the store need not keep its outcome.
+pub(crate) fn release(hub: &StoreHub, submitted: Submitted) {
+    let Submitted { id, completion, .. } = submitted;
+    match completion {
+        Some(completion) => crate::unwind::drop_quietly::<Arc<Completion>>(completion),
+        None => crate::unwind::drop_quietly(
+            hub.handle_dropped(id.seq(), |store| store.take_in_dropped()),
+        ),
     }
 }
 
@@ -299,6 +359,18 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// The pauses in force, types first, then queues, each by name.
     fn paused(&self) -> Result<Vec<Paused>, PauseError>;
+
+    // ===== schedules =====
+
+    /// Starts keeping `schedules` (a durable store adds the definitions the fleet does not have
+    /// yet), each from now: no slot before it runs.
+    fn register_schedules(&self, schedules: &[ScheduleDef]) -> Result<(), String>;
+
+    /// Decides `schedule`'s due slots and submits their tasks (see `schedule.rs`).
+    fn tick_schedule(&self, schedule: &ScheduleDef) -> Result<Tick, String>;
+
+    /// The schedules, by name (a durable store's: the fleet's).
+    fn schedules(&self) -> Result<Vec<ScheduleInfo>, String>;
 
     // ===== waiting and shutdown =====
 

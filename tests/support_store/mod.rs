@@ -126,6 +126,7 @@ impl TestBuilder {
         fn stuck_after(grace: Duration);
         fn monitor_interval(interval: Duration);
         fn lifecycle_events(on: bool);
+        fn schedule(schedule: tasq::Schedule);
     }
 
     /// Sets how many finished tasks the pool remembers, and how long: the builder's on the

@@ -96,6 +96,7 @@ mod reads;
 mod record;
 mod retention;
 mod run;
+pub(crate) mod schedules;
 mod state;
 mod store;
 mod submit;

@@ -17,6 +17,8 @@ impl State {
             .filter(|&t| match target {
                 PauseTarget::Type(name) => self.names[t as usize] == name,
                 PauseTarget::Queue(name) => self.queues[t as usize] == name,
+                // Kept by the schedules (`schedules.rs`), never here.
+                PauseTarget::Schedule(_) => false,
             })
             .collect();
         if covered.is_empty() {

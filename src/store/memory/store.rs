@@ -9,6 +9,7 @@ use super::gate::Wakes;
 use super::intake::Intake;
 use super::queue::Epoch;
 use super::record::Effects;
+use super::schedules::Schedules;
 use super::state::{Lend, Retention, State};
 
 use crate::model::cancel::CancelToken;
@@ -18,11 +19,13 @@ use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
+use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, CancelReason, TaskState};
 use crate::observe::events::Events;
 use crate::observe::metrics::RunEnd;
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::registry::Registry;
+use crate::store::schedule::{ScheduleDef, Tick};
 use crate::store::{
     Claim, CopyPayload, Drained, Revived, RunOutcome, Store, StoreHub, Submission, Submitted,
 };
@@ -64,6 +67,8 @@ pub(crate) struct MemoryStore {
     pub(super) events: Events,
     latest_run_at: Instant,
     pub(super) pool_id: u64,
+    /// The periodic tasks' watermarks and pauses, under a lock of their own.
+    schedules: Schedules,
 }
 
 impl MemoryStore {
@@ -113,6 +118,7 @@ impl MemoryStore {
                 Arc::clone(&next_seq),
             )),
             pool_id,
+            schedules: Schedules::default(),
             work_cv: Condvar::new(),
             timer_cv: Condvar::new(),
             done_cv: Condvar::new(),
@@ -575,15 +581,38 @@ impl Store for MemoryStore {
     }
 
     fn pause(&self, target: &PauseTarget) -> Result<bool, PauseError> {
+        target.check()?;
+        if let PauseTarget::Schedule(name) = target {
+            return self.schedules.pause(name);
+        }
         self.transition(|state, _, _| state.pause(target))
     }
 
     fn resume(&self, target: &PauseTarget) -> Result<bool, PauseError> {
+        target.check()?;
+        if let PauseTarget::Schedule(name) = target {
+            return self.schedules.resume(name);
+        }
         self.transition(|state, now, effects| state.resume(target, now, effects))
     }
 
     fn paused(&self) -> Result<Vec<Paused>, PauseError> {
-        Ok(self.lock().paused())
+        let mut paused = self.lock().paused();
+        paused.extend(self.schedules.paused());
+        Ok(paused)
+    }
+
+    fn register_schedules(&self, schedules: &[ScheduleDef]) -> Result<(), String> {
+        self.schedules.register(schedules, self.clock.wall_now());
+        Ok(())
+    }
+
+    fn tick_schedule(&self, schedule: &ScheduleDef) -> Result<Tick, String> {
+        Ok(self.schedules.tick(self, schedule, self.clock.wall_now()))
+    }
+
+    fn schedules(&self) -> Result<Vec<ScheduleInfo>, String> {
+        Ok(self.schedules.list(self))
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {

@@ -257,6 +257,8 @@ fn reap(store: &PgStore) -> Result<usize, String> {
 /// finished rows (not dead letters) past the age or count, in batches of [`RETAIN_BATCH`], each through
 /// the `tasq_finished` index from its oldest end.
 fn retain(store: &PgStore) -> Result<(), String> {
+    // The schedules' slots no definition can decide again (see `schedules.rs`).
+    store.prune_schedules()?;
     let policy = store.with_conn(|c| {
         enforce_dead_letter_limit(c)?;
         let row = c.query_one(super::policy::READ, &[])?;

@@ -92,6 +92,7 @@ mod policy;
 mod publish;
 mod resubmit;
 mod rows;
+mod schedules;
 mod schema;
 mod seam;
 mod start;

@@ -80,7 +80,7 @@ impl PgStore {
             .with_conn(|client| {
                 client.query(
                     "SELECT kind, name, paused_at FROM tasq_pauses
-                     ORDER BY kind = 'queue', name",
+                     ORDER BY kind = 'queue', kind = 'schedule', name",
                     &[],
                 )
             })
@@ -92,6 +92,7 @@ impl PgStore {
                 let since: SystemTime = row.get(2);
                 let target = match row.get::<_, &str>(0) {
                     "queue" => PauseTarget::Queue(name),
+                    "schedule" => PauseTarget::Schedule(name),
                     _ => PauseTarget::Type(name),
                 };
                 Paused { target, since }

@@ -217,11 +217,11 @@ CREATE TABLE IF NOT EXISTS tasq_declarations (
 );
 ";
 
-/// Version 6: queues and pauses.
+/// Version 6: queues, pauses and periodic tasks.
 ///
 /// * `queue`: the queue a task belongs to, from its type's options when it was submitted (rows
 ///   from before this version are in `default`).
-/// * `tasq_pauses`: the types and queues paused for the whole fleet, until resumed.
+/// * `tasq_pauses`: the types, queues and schedules paused for the whole fleet, until resumed.
 /// * `tasq_paused()`: what every claim reads the pauses through. It first takes the pause
 ///   fence, a transaction-scoped advisory lock, shared (claims do not wait for each other),
 ///   then reads the pauses with a snapshot of its own (a `VOLATILE` function's statements take
@@ -229,11 +229,14 @@ CREATE TABLE IF NOT EXISTS tasq_declarations (
 ///   its row: so it returns only after every claim that read the pauses without it has
 ///   committed, and every claim after it reads its row. The fence's key is the table's oid in
 ///   a range of tasq's own (`0x74617371` in the high half), so each schema has its own.
+/// * `tasq_schedules`: one row per schedule definition running in the fleet, with its
+///   watermark; `tasq_schedule_slots`: the slots submitted, one row per (name, slot). How a
+///   tick uses them is in `schedules.rs`.
 const V6: &str = "
 ALTER TABLE tasq_tasks ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
 
 CREATE TABLE IF NOT EXISTS tasq_pauses (
-    kind      TEXT NOT NULL CHECK (kind IN ('type', 'queue')),
+    kind      TEXT NOT NULL CHECK (kind IN ('type', 'queue', 'schedule')),
     name      TEXT NOT NULL,
     paused_at TIMESTAMPTZ NOT NULL,
     paused_by TEXT NOT NULL,
@@ -244,15 +247,35 @@ CREATE OR REPLACE FUNCTION tasq_pause_fence() RETURNS BIGINT LANGUAGE sql STABLE
     SELECT (x'7461737100000000'::BIGINT) + 'tasq_pauses'::regclass::oid::BIGINT
 $$;
 
-CREATE OR REPLACE FUNCTION tasq_paused(OUT types TEXT[], OUT queues TEXT[])
+CREATE OR REPLACE FUNCTION tasq_paused(OUT types TEXT[], OUT queues TEXT[], OUT schedules TEXT[])
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(tasq_pause_fence());
     SELECT COALESCE(array_agg(name) FILTER (WHERE kind = 'type'), '{}'),
-           COALESCE(array_agg(name) FILTER (WHERE kind = 'queue'), '{}')
-    INTO types, queues FROM tasq_pauses;
+           COALESCE(array_agg(name) FILTER (WHERE kind = 'queue'), '{}'),
+           COALESCE(array_agg(name) FILTER (WHERE kind = 'schedule'), '{}')
+    INTO types, queues, schedules FROM tasq_pauses;
 END
 $$;
+
+CREATE TABLE IF NOT EXISTS tasq_schedules (
+    name       TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    spec       TEXT NOT NULL,
+    watermark  TIMESTAMPTZ NOT NULL,
+    seen_at    TIMESTAMPTZ NOT NULL,
+    seen_by    TEXT NOT NULL,
+    PRIMARY KEY (name, definition)
+);
+
+CREATE TABLE IF NOT EXISTS tasq_schedule_slots (
+    name    TEXT NOT NULL,
+    slot    TIMESTAMPTZ NOT NULL,
+    task    BIGINT,
+    error   TEXT,
+    made_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (name, slot)
+);
 ";
 
 /// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL

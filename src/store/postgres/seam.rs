@@ -17,10 +17,12 @@ use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
+use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, TaskState};
 use crate::observe::metrics::RunEnd;
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::registry::Registry;
+use crate::store::schedule::{ScheduleDef, Tick};
 use crate::store::{
     Claim, CopyPayload, Drained, Revived, RunOutcome, Store, StoreHub, Submission, Submitted,
 };
@@ -447,6 +449,18 @@ impl Store for PgStore {
 
     fn paused(&self) -> Result<Vec<Paused>, PauseError> {
         self.fleet_pauses()
+    }
+
+    fn register_schedules(&self, schedules: &[ScheduleDef]) -> Result<(), String> {
+        self.register_schedules_in_fleet(schedules)
+    }
+
+    fn tick_schedule(&self, schedule: &ScheduleDef) -> Result<Tick, String> {
+        self.tick_fleet_schedule(schedule)
+    }
+
+    fn schedules(&self) -> Result<Vec<ScheduleInfo>, String> {
+        self.list_schedules()
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {

@@ -16,6 +16,13 @@ pub(super) fn manual_base(
     clock: &Clock,
     offset: Duration,
 ) -> Result<i64, postgres::Error> {
+    // A clock started at a wall-clock time of the test's choosing: that time is the base.
+    if let Some(start) = clock.manual_wall_start() {
+        let since = start
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return Ok(super::rows::micros(since));
+    }
     static BASES: std::sync::Mutex<Vec<(Instant, i64)>> = std::sync::Mutex::new(Vec::new());
     // The real instant the clock was made: its reading less how far it moved (the same for
     // every clone of it).
