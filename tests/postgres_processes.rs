@@ -6,10 +6,11 @@
 #![cfg(feature = "postgres")]
 
 mod support_pg;
+mod support_proc;
 mod support_rng;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::{BufRead, Write};
+use std::process::{Child, ChildStdin, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -245,29 +246,17 @@ impl Worker {
         lease: Duration,
         attempts: u32,
     ) -> Worker {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "worker_process", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env("TASQ_WORKER_URL", &db.url)
-            .env("TASQ_WORKER_TAG", tag)
-            .env("TASQ_WORKER_THREADS", threads.to_string())
-            .env("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string())
-            .env("TASQ_WORKER_PREFETCH", prefetch.to_string())
-            .env("TASQ_WORKER_ATTEMPTS", attempts.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a worker process");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let (child, stdin, lines) = support_proc::spawn(
+            "worker_process",
+            &[
+                ("TASQ_WORKER_URL", db.url.clone()),
+                ("TASQ_WORKER_TAG", tag.to_owned()),
+                ("TASQ_WORKER_THREADS", threads.to_string()),
+                ("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string()),
+                ("TASQ_WORKER_PREFETCH", prefetch.to_string()),
+                ("TASQ_WORKER_ATTEMPTS", attempts.to_string()),
+            ],
+        );
         let worker = Worker {
             child,
             stdin,
@@ -278,16 +267,7 @@ impl Worker {
     }
 
     fn expect_line(&self, wanted: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                // The test harness may print "test worker_process ... " before it on the line.
-                Ok(line) if line.trim().ends_with(wanted) => return line,
-                Ok(_) => {}
-                Err(_) => panic!("the worker process never printed {wanted:?}"),
-            }
-        }
+        support_proc::expect_line(&self.lines, wanted)
     }
 
     fn send(&mut self, command: &str) {

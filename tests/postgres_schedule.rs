@@ -10,11 +10,12 @@
 #![cfg(feature = "postgres")]
 
 mod support_pg;
+mod support_proc;
 mod support_rng;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::io::{BufRead, Write};
+use std::process::{Child, ChildStdin};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Receiver;
@@ -99,25 +100,13 @@ struct Process {
 
 impl Process {
     fn start(db: &TestDb, clock_at: u64) -> Process {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "schedule_process", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env("TASQ_SCHEDULE_URL", &db.url)
-            .env("TASQ_SCHEDULE_START", clock_at.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a schedule process");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let (child, stdin, lines) = support_proc::spawn(
+            "schedule_process",
+            &[
+                ("TASQ_SCHEDULE_URL", db.url.clone()),
+                ("TASQ_SCHEDULE_START", clock_at.to_string()),
+            ],
+        );
         let process = Process {
             child,
             stdin,
@@ -128,15 +117,7 @@ impl Process {
     }
 
     fn expect_line(&self, wanted: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.trim().ends_with(wanted) => return,
-                Ok(_) => {}
-                Err(_) => panic!("the schedule process never printed {wanted:?}"),
-            }
-        }
+        support_proc::expect_line(&self.lines, wanted);
     }
 
     fn advance(&mut self, by: u64) {

@@ -5,7 +5,7 @@
 use crate::client::handle::TaskHandle;
 use crate::model::error::{SubmitError, SubmitErrorKind};
 use crate::model::id::TaskId;
-use crate::model::task::{Task, TaskType};
+use crate::model::task::{Task, TaskType, check_key_period};
 use crate::store::{Store, Submission};
 use crate::sync::Arc;
 use crate::unwind;
@@ -50,6 +50,7 @@ where
     O: Send + Sync + 'static,
 {
     let resolved = store.registry().type_index(task.ty).and_then(|index| {
+        check_key_period(task.key.as_deref(), task.key_period)?;
         let settings = store.registry().entry(index).settings_for(&task.own)?;
         Ok((index, settings))
     });
@@ -64,6 +65,7 @@ where
         start,
         dependencies,
         key,
+        key_period,
         own,
     } = task;
     let mut payload = Some(payload);
@@ -73,6 +75,7 @@ where
         start,
         dependencies: &dependencies,
         key: key.as_deref(),
+        key_period,
         settings,
         payload: &mut payload,
     });
@@ -91,6 +94,7 @@ where
                 start,
                 dependencies,
                 key,
+                key_period,
                 own,
             };
             Err(SubmitError::new(kind, task))
@@ -127,6 +131,7 @@ where
     let mut type_indexes = Vec::with_capacity(tasks.len());
     for (index, task) in tasks.iter().enumerate() {
         let resolved = store.registry().type_index(task.ty).and_then(|type_index| {
+            check_key_period(task.key.as_deref(), task.key_period)?;
             let settings = store.registry().entry(type_index).settings_for(&task.own)?;
             Ok((type_index, settings))
         });
@@ -145,23 +150,28 @@ where
             start,
             dependencies,
             key,
+            key_period,
             own,
         } = task;
         payloads.push(Some(payload));
-        rest.push((ty, priority, start, dependencies, key, own));
+        rest.push((ty, priority, start, dependencies, (key, key_period), own));
     }
     let mut batch: Vec<Submission<'_>> = payloads
         .iter_mut()
         .zip(&rest)
         .zip(type_indexes)
         .map(
-            |((payload, (_, priority, start, dependencies, key, _)), (type_index, settings))| {
+            |(
+                (payload, (_, priority, start, dependencies, (key, key_period), _)),
+                (type_index, settings),
+            )| {
                 Submission {
                     type_index,
                     priority: *priority,
                     start: *start,
                     dependencies,
                     key: key.as_deref(),
+                    key_period: *key_period,
                     settings,
                     payload,
                 }
@@ -190,13 +200,14 @@ where
                 .into_iter()
                 .zip(rest)
                 .map(
-                    |(payload, (ty, priority, start, dependencies, key, own))| Task {
+                    |(payload, (ty, priority, start, dependencies, (key, key_period), own))| Task {
                         ty,
                         payload: payload.expect("a refused batch keeps its payloads"),
                         priority,
                         start,
                         dependencies,
                         key,
+                        key_period,
                         own,
                     },
                 )

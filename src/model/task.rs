@@ -86,6 +86,35 @@ impl<P, O> fmt::Debug for TaskType<P, O> {
     }
 }
 
+/// A key that deduplicates within windows of `period` (see [`Task::unique_per`]), as the store
+/// keeps it at wall-clock time `now`: `{key}@{window}`.
+pub(crate) fn windowed_key(key: &str, period: Duration, now: std::time::SystemTime) -> String {
+    let since = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let period_us = period.as_micros().max(1);
+    format!("{key}@{}", since.as_micros() / period_us)
+}
+
+/// Whether a task's uniqueness period can be used: a zero one, or one without a key, cannot.
+pub(crate) fn check_key_period(
+    key: Option<&str>,
+    period: Option<Duration>,
+) -> Result<(), crate::model::error::SubmitErrorKind> {
+    let invalid = |problem| crate::model::error::SubmitErrorKind::InvalidSetting {
+        setting: "uniqueness period",
+        problem,
+    };
+    match (key, period) {
+        (_, None) => Ok(()),
+        (None, Some(_)) => Err(invalid("needs a key")),
+        (Some(_), Some(period)) if period.as_micros() == 0 => {
+            Err(invalid("is under a microsecond"))
+        }
+        (Some(_), Some(_)) => Ok(()),
+    }
+}
+
 /// When a task may first run.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Start {
@@ -139,6 +168,8 @@ pub struct Task<P, O> {
     pub(crate) start: Start,
     pub(crate) dependencies: Vec<Dependency>,
     pub(crate) key: Option<String>,
+    /// The key deduplicates within windows of this length (see [`Task::unique_per`]).
+    pub(crate) key_period: Option<Duration>,
     /// Settings of this task's own, in place of its type's.
     pub(crate) own: Own,
 }
@@ -171,6 +202,7 @@ impl<P, O> Task<P, O> {
             start: Start::Now,
             dependencies: Vec::new(),
             key: None,
+            key_period: None,
             own: Own::default(),
         }
     }
@@ -318,6 +350,47 @@ impl<P, O> Task<P, O> {
     /// ```
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// Makes the task's [`key`](Task::key) deduplicate within windows of `period`, instead of
+    /// for as long as a task holds it: at most one live or succeeded task with the key per
+    /// window (Oban's `unique: [period: ..]`, River's `ByPeriod`). Windows are aligned to the
+    /// Unix epoch on the store's clock (the database's on the durable store, so every process
+    /// agrees where one ends): a task submitted in the next window is a new task, even while the
+    /// earlier one still runs. A task that fails or is cancelled frees its window, as it frees a
+    /// key. The store keeps the key as `{key}@{window}` (the number of whole periods since the
+    /// epoch), which is what [`Pool::find_key`](crate::Pool::find_key) and
+    /// [`Pool::cancel_key`](crate::Pool::cancel_key) take.
+    ///
+    /// A zero period, or one without a key, is refused at submit with
+    /// [`SubmitErrorKind::InvalidSetting`](crate::SubmitErrorKind::InvalidSetting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use tasq::{HandlerError, ManualClock, Pool, TaskType};
+    ///
+    /// const DIGEST: TaskType<u32, ()> = TaskType::new("digest");
+    /// // 2027-01-15 08:00 UTC: a whole hour.
+    /// let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    /// let pool = Pool::builder()
+    ///     .manual_clock(clock.clone())
+    ///     .register(DIGEST, |_, _: &u32| Ok::<_, HandlerError>(()))
+    ///     .build()?;
+    /// let hour = Duration::from_secs(3600);
+    /// let first = pool.submit(DIGEST.task(7).key("user-7").unique_per(hour))?;
+    /// clock.advance(Duration::from_secs(3599));
+    /// let again = pool.submit(DIGEST.task(7).key("user-7").unique_per(hour))?;
+    /// assert!(again.is_duplicate() && again.id() == first.id());
+    /// clock.advance(Duration::from_secs(1));
+    /// let next = pool.submit(DIGEST.task(7).key("user-7").unique_per(hour))?;
+    /// assert!(!next.is_duplicate());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn unique_per(mut self, period: Duration) -> Self {
+        self.key_period = Some(period);
         self
     }
 

@@ -53,6 +53,9 @@ pub(crate) struct Submission<'a> {
     pub(crate) start: Start,
     pub(crate) dependencies: &'a [Dependency],
     pub(crate) key: Option<&'a str>,
+    /// The key deduplicates within windows of this length: the store keeps it as
+    /// `{key}@{window}`, the window read on its own clock (see `Task::unique_per`).
+    pub(crate) key_period: Option<Duration>,
     /// The task's settings, fixed now (see [`Settings`]).
     pub(crate) settings: Settings,
     pub(crate) payload: &'a mut dyn PayloadSlot,
@@ -89,6 +92,7 @@ impl ScheduleDef {
             start: Start::Now,
             dependencies: &[],
             key: None,
+            key_period: None,
             settings: self.settings,
             payload,
         }

@@ -2,7 +2,7 @@
 //! (`intake.rs`); one with dependencies or a key takes the lock for its checks.
 
 use std::collections::HashMap;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::intake::{Announced, Entry};
 use super::record::Effects;
@@ -34,6 +34,18 @@ impl MemoryStore {
             .ok_or(SubmitErrorKind::TimeOverflow)
     }
 
+    /// A task's key as the store keeps it: with a uniqueness period, its window's name on the
+    /// pool's wall clock (see `Task::unique_per`).
+    fn stored_key(&self, key: &str, period: Option<Duration>) -> Arc<str> {
+        match period {
+            None => Arc::from(key),
+            Some(period) => {
+                let now = self.clock().wall_now();
+                Arc::from(crate::model::task::windowed_key(key, period, now))
+            }
+        }
+    }
+
     /// The refusal of a task whose `key` task `existing` of another type holds.
     fn key_conflict(&self, key: &str, existing: TaskId, existing_type: u32) -> SubmitErrorKind {
         SubmitErrorKind::KeyConflict {
@@ -63,7 +75,7 @@ impl MemoryStore {
         let completion = Completion::new();
 
         // Allocated before taking the lock, to keep the critical section short.
-        let key: Option<Arc<str>> = task.key.map(Arc::from);
+        let key: Option<Arc<str>> = task.key.map(|key| self.stored_key(key, task.key_period));
         let mut effects = Effects::default();
         let mut state = self.lock();
         if state.closed {
@@ -157,7 +169,10 @@ impl MemoryStore {
         for (index, task) in batch.iter().enumerate() {
             run_ats.push(self.run_at(task.start, now).map_err(|kind| (index, kind))?);
         }
-        let keys: Vec<Option<Arc<str>>> = batch.iter().map(|t| t.key.map(Arc::from)).collect();
+        let keys: Vec<Option<Arc<str>>> = batch
+            .iter()
+            .map(|t| t.key.map(|key| self.stored_key(key, t.key_period)))
+            .collect();
         let completions: Vec<_> = batch.iter().map(|_| Completion::new()).collect();
         let mut effects = Effects::default();
         let mut state = self.lock();

@@ -92,6 +92,7 @@ pub(super) fn revive(
         at_us: None,
         settings: (row.get(8), row.get(9), row.get(10), row.get(11)),
         key: key.as_deref(),
+        key_period_us: None,
         queue: row.get(12),
     };
     let new = match insert_task(tx, queue, &insert, &[])? {
@@ -156,6 +157,7 @@ pub(super) fn revive(
                 at_us: None,
                 settings: (row.get(5), row.get(7), row.get(8), row.get(9)),
                 key: key.as_deref(),
+                key_period_us: None,
                 queue: row.get(10),
             };
             let mut inserted = insert_task(tx, queue, &insert, &dependencies)?;

@@ -31,6 +31,8 @@ pub(super) struct Insert<'a> {
     /// The task's settings as their columns (see `super::rows::settings_columns`).
     pub(super) settings: super::rows::SettingsColumns,
     pub(super) key: Option<&'a str>,
+    /// The key deduplicates within windows of this many microseconds (see `Task::unique_per`).
+    pub(super) key_period_us: Option<i64>,
     /// The queue the task belongs to, for good (pauses match it).
     pub(super) queue: &'a str,
 }
@@ -43,7 +45,19 @@ pub(super) fn insert_task(
     task: &Insert<'_>,
     dependencies: &[crate::model::task::Dependency],
 ) -> Result<Result<(i64, bool, &'static str), SubmitErrorKind>, postgres::Error> {
-    if let Some(key) = task.key {
+    // A key with a uniqueness period is kept as its window's name, on the database's clock.
+    let windowed: Option<String> = match (task.key, task.key_period_us) {
+        (Some(key), Some(period)) => Some(
+            tx.query_one(
+                "SELECT $1 || '@' || ((EXTRACT(EPOCH FROM tasq_now()) * 1000000)::BIGINT / $2)",
+                &[&key, &period],
+            )?
+            .get(0),
+        ),
+        _ => None,
+    };
+    let key: Option<&str> = windowed.as_deref().or(task.key);
+    if let Some(key) = key {
         let existing = tx.query_opt(
             "SELECT id, type FROM tasq_tasks WHERE key = $1
              AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR SHARE",
@@ -125,7 +139,7 @@ pub(super) fn insert_task(
                  AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
              RETURNING id",
             &[
-                &task.key,
+                &key,
                 &task.type_name,
                 task.payload,
                 &task.priority,
@@ -149,10 +163,10 @@ pub(super) fn insert_task(
         let holder = tx.query_opt(
             "SELECT id, type FROM tasq_tasks WHERE key = $1
              AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR SHARE",
-            &[&task.key],
+            &[&key],
         )?;
         if let Some(row) = holder {
-            let key = task.key.unwrap_or_default();
+            let key = key.unwrap_or_default();
             return Ok(key_holder(queue, key, task.type_name, &row));
         }
         rounds += 1;
@@ -336,6 +350,7 @@ impl PgStore {
             at_us: self.wall_clock_due(task.start),
             settings: super::rows::settings_columns(&task.settings),
             key: task.key,
+            key_period_us: task.key_period.map(super::rows::micros),
             queue: self.registry.entry(task.type_index).queue,
         }
     }
