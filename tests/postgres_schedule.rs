@@ -1,8 +1,8 @@
 //! Periodic tasks across a fleet on the durable store: every slot submitted exactly once by
 //! processes that run the same schedules while one is killed with SIGKILL every second or two
 //! and the clocks of two are skewed; two versions of a schedule side by side (a rolling
-//! deploy) submit the slots of both, each once; and a tick's transaction left open by a stopped
-//! process is ended by the server.
+//! deploy) submit the slots of both, each once; and a tick whose transaction stalls (a process
+//! stopped in it) is ended by the server, and another process submits its slot, once.
 //!
 //! A schedule process is this test binary run again with `--ignored --exact schedule_process`;
 //! its clock is a manual one that starts at `TASQ_SCHEDULE_START` (seconds since the epoch), and
@@ -315,4 +315,65 @@ fn two_versions_of_a_schedule_side_by_side_submit_each_slot_once() {
         .map(|s| (s, 1))
         .collect();
     assert_eq!(got, expected);
+}
+
+/// A tick that stalls in its transaction (here its payload function blocks, as a process
+/// stopped with SIGSTOP would) holds its schedule's row until the server ends the transaction
+/// (`idle_in_transaction_session_timeout`, 10 s); then another pool submits the slot. When the
+/// stalled one wakes, its commit fails and its retry finds the slot decided: one task.
+#[test]
+fn a_stalled_tick_is_ended_and_another_pool_submits_its_slot_once() {
+    let Some(db) = TestDb::new() else {
+        return;
+    };
+    let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(T0));
+    let (stalled_tx, stalled) = crossbeam_channel::bounded::<()>(1);
+    let (wake, woken) = crossbeam_channel::bounded::<()>(1);
+    let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pool = |stall: bool| {
+        let (stalled_tx, woken, once) = (stalled_tx.clone(), woken.clone(), once.clone());
+        Pool::builder()
+            .postgres(db.url.clone())
+            .workers(1)
+            .poll_interval(Duration::from_millis(100))
+            .manual_clock(clock.clone())
+            .register(SLOT, |_, _: &(String, u64)| Ok::<_, HandlerError>(()))
+            .schedule(
+                Schedule::every("stall", Duration::from_secs(10), SLOT, move |slot| {
+                    if stall && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        // This pool's first payload: stall until the test wakes it.
+                        let _ = stalled_tx.send(());
+                        let _ = woken.recv_timeout(Duration::from_secs(60));
+                    }
+                    ("stall".to_owned(), secs(slot))
+                })
+                .missed(Missed::CatchUp(10)),
+            )
+            .build()
+            .unwrap()
+    };
+    let first = pool(true);
+    clock.advance(Duration::from_secs(10));
+    stalled
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the first pool's tick stalls");
+    let second = pool(false);
+    let give_up = Instant::now() + Duration::from_secs(40);
+    while submitted(&db, "stall").is_empty() {
+        assert!(Instant::now() < give_up, "no pool submitted the slot");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The first pool's payload function has not returned: the second pool made the slot, once
+    // the server ended the stalled transaction (it could not lock the row before).
+    wake.send(()).unwrap();
+    // The stalled tick's retry finds the slot decided: its next tick is the next slot's.
+    clock.advance(Duration::from_secs(10));
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while submitted(&db, "stall").len() < 2 {
+        assert!(Instant::now() < give_up, "the next slot was not submitted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    first.wait_idle();
+    second.wait_idle();
+    assert_eq!(submitted(&db, "stall"), vec![(T0 + 10, 1), (T0 + 20, 1)]);
 }

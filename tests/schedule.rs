@@ -15,6 +15,15 @@ use tasq::{BuildError, HandlerError, ManualClock, Missed, PauseTarget, Schedule,
 /// A slot's task: its payload is (schedule, slot in seconds since the epoch).
 const SLOT: TaskType<(String, u64), ()> = TaskType::new("slot");
 
+/// Counts one call of a payload function when it returns (or unwinds).
+struct CountOnReturn<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for CountOnReturn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A payload whose `Drop` panics.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Loud(u64);
@@ -216,7 +225,10 @@ conformance! {
         let (builder, rx) = slots(builder, &clock);
         let cell: Arc<OnceLock<Weak<TestPool>>> = Arc::new(OnceLock::new());
         let seen = Arc::clone(&cell);
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
         let schedule = Schedule::every("meddler", Duration::from_secs(10), SLOT, move |slot| {
+            let _count = CountOnReturn(&counted);
             let s = secs(slot);
             if let Some(pool) = seen.get().and_then(Weak::upgrade) {
                 assert_eq!(pool.schedules().unwrap().len(), 1);
@@ -232,7 +244,17 @@ conformance! {
         cell.set(Arc::downgrade(&pool)).unwrap();
         decided_until(&pool, T0);
         clock.advance(Duration::from_secs(50));
-        decided_until(&pool, T0 + 50);
+        // The calls of the tick: three on the embedded store (it stops at the pause), five on
+        // the durable one (it makes every payload before it reads the pauses).
+        let made = match pool.store() {
+            Store::Memory => 3,
+            Store::Postgres => 5,
+        };
+        let give_up = Instant::now() + HANG_GUARD;
+        while calls.load(std::sync::atomic::Ordering::SeqCst) < made {
+            assert!(Instant::now() < give_up, "the payload function was not called {made} times");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let expected = match pool.store() {
             // Each slot is submitted as soon as its payload is made: the two before the pause.
             Store::Memory => {
@@ -248,6 +270,10 @@ conformance! {
         assert_eq!(ran(&pool, &rx), expected);
         assert!(pool.schedules().unwrap()[0].paused);
         pool.check_invariants().unwrap();
+        // The tick that paused itself ended: the shutdown joins the scheduler thread.
+        support_store::returns_within(&pool, "shutdown", |pool| {
+            pool.shutdown(Duration::from_secs(5))
+        });
     }
 
     fn hostile_payloads_and_captures_break_nothing(builder) {

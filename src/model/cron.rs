@@ -185,6 +185,21 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_on_a_day_that_was_skipped_runs_when_the_day_ends() {
+        // Pacific/Apia skipped 2011-12-30 whole: 2011-12-29 23:59:59 -10:00 was followed by
+        // 2011-12-31 00:00:00 +14:00 (10:00 UTC on the 30th).
+        let noon = CronSpec::parse("0 12 * * *", "Pacific/Apia").unwrap();
+        assert_eq!(
+            slots(&noon, "2011-12-29T12:00:00Z", 3),
+            [
+                "2011-12-29T22:00:00+00:00", // 12:00 -10:00 on the 29th
+                "2011-12-30T10:00:00+00:00", // the 30th's noon: when the 31st began
+                "2011-12-30T22:00:00+00:00", // 12:00 +14:00 on the 31st
+            ]
+        );
+    }
+
+    #[test]
     fn bad_expressions_and_zones_are_refused_with_a_reason() {
         let zone = CronSpec::parse("* * * * *", "Mars/Olympus").unwrap_err();
         assert!(zone.contains("unknown time zone"), "{zone}");

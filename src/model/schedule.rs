@@ -106,9 +106,6 @@ impl Spec {
         until: SystemTime,
         keep: usize,
     ) -> Vec<SystemTime> {
-        if keep == 0 || until <= after {
-            return Vec::new();
-        }
         match self {
             Spec::Every(period) => {
                 let p = period.as_nanos();
@@ -312,6 +309,9 @@ mod tests {
         assert_eq!((d.submit, d.watermark), (vec![], at(140)));
         let d = due(&every, Missed::Skip, grace, at(100), at(144));
         assert_eq!((d.submit, d.watermark), (vec![at(140)], at(140)));
+        // Exactly its grace late: still on time.
+        let d = due(&every, Missed::Skip, grace, at(100), at(145));
+        assert_eq!((d.submit, d.watermark), (vec![at(140)], at(140)));
         let d = due(&every, Missed::RunOnce, grace, at(100), at(147));
         assert_eq!((d.submit, d.watermark), (vec![at(140)], at(140)));
         let d = due(&every, Missed::CatchUp(3), grace, at(100), at(147));
@@ -324,6 +324,51 @@ mod tests {
         // Nothing due: the watermark stays.
         let d = due(&every, Missed::CatchUp(10), grace, at(100), at(109));
         assert_eq!((d.submit, d.watermark), (vec![], at(100)));
+    }
+
+    #[cfg(feature = "cron")]
+    #[test]
+    fn a_cron_spec_finds_its_newest_slots_however_far_back_the_watermark_is() {
+        let cron = crate::model::cron::CronSpec::parse("*/10 * * * *", "UTC").unwrap();
+        let cron = Spec::Cron(Box::new(cron));
+        let t = 1_800_000_000; // 08:00:00 UTC, a multiple of ten minutes
+        assert_eq!(
+            cron.newest(at(t), at(t + 1799), 5),
+            vec![at(t + 600), at(t + 1200)]
+        );
+        assert_eq!(
+            cron.newest(at(t), at(t + 1800), 2),
+            vec![at(t + 1200), at(t + 1800)]
+        );
+        // A watermark three days back: the window widens until it holds two slots.
+        assert_eq!(
+            cron.newest(at(t - 3 * 86_400), at(t), 2),
+            vec![at(t - 600), at(t)]
+        );
+        assert_eq!(cron.newest(at(t - 3 * 86_400), at(t), 1), vec![at(t)]);
+        // Fewer slots since the watermark than asked for: all of them.
+        assert_eq!(
+            cron.newest(at(t - 1500), at(t), 10),
+            vec![at(t - 1200), at(t - 600), at(t)]
+        );
+        // A day's worth, from a watermark a week back.
+        let day = cron.newest(at(t - 7 * 86_400), at(t), 144);
+        assert_eq!(
+            (day.len(), day[0], day[143]),
+            (144, at(t - 86_400 + 600), at(t))
+        );
+        // Nothing due.
+        assert_eq!(cron.newest(at(t), at(t + 599), 3), Vec::<SystemTime>::new());
+        assert_eq!(cron.newest(at(t), at(t), 3), Vec::<SystemTime>::new());
+        assert_eq!(cron.newest(at(t + 5), at(t), 3), Vec::<SystemTime>::new());
+    }
+
+    #[test]
+    fn policies_print_as_the_durable_store_names_them() {
+        assert_eq!(Missed::Skip.to_string(), "skip");
+        assert_eq!(Missed::RunOnce.to_string(), "run-once");
+        assert_eq!(Missed::CatchUp(24).to_string(), "catch-up 24");
+        assert_eq!((Missed::Skip.keep(), Missed::CatchUp(24).keep()), (1, 24));
     }
 
     #[test]

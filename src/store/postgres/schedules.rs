@@ -33,7 +33,7 @@ use crate::store::{MadePayload, Submission};
 
 /// How long a tick's transaction may sit idle (its process stopped, or making a payload that
 /// hangs) before the server ends it.
-const IDLE_TIMEOUT: &str = "SET LOCAL idle_in_transaction_session_timeout = '20s'";
+const IDLE_TIMEOUT: &str = "SET LOCAL idle_in_transaction_session_timeout = '10s'";
 
 /// How long a definition may go unseen (no process ticking it) before its row is pruned.
 const FORGET_DEFINITION: &str = "7 days";
@@ -50,7 +50,7 @@ pub(super) fn definition(def: &ScheduleDef) -> String {
 impl PgStore {
     /// Adds the rows of this pool's schedule definitions that the fleet does not have yet, each
     /// with its watermark at the database's now: no slot before a definition's first
-    /// registration runs.
+    /// registration runs. A row that exists is left alone (not even locked: a tick may hold it).
     pub(super) fn register_schedules_in_fleet(&self, defs: &[ScheduleDef]) -> Result<(), String> {
         let holder = format!("{}@{}", std::process::id(), host_name());
         self.with_conn(|client| {
@@ -58,7 +58,7 @@ impl PgStore {
                 client.execute(
                     "INSERT INTO tasq_schedules (name, definition, spec, watermark, seen_at, seen_by)
                      VALUES ($1, $2, $3, tasq_now(), tasq_now(), $4)
-                     ON CONFLICT (name, definition) DO UPDATE SET seen_at = tasq_now(), seen_by = $4",
+                     ON CONFLICT (name, definition) DO NOTHING",
                     &[&def.name, &definition(def).as_str(), &def.spec.definition().as_str(), &holder.as_str()],
                 )?;
             }
@@ -73,6 +73,8 @@ impl PgStore {
         // The tasks the committed tick added (cleared by each attempt).
         let mut added: Vec<i64> = Vec::new();
         let tick = self.with_conn(|client| {
+            // An attempt that failed rolled back what it added.
+            added.clear();
             let mut tx = client.transaction()?;
             tx.execute(IDLE_TIMEOUT, &[])?;
             let Some(row) = tx.query_opt(
@@ -98,7 +100,6 @@ impl PgStore {
             let watermark: SystemTime = row.get(0);
             let now: SystemTime = row.get(1);
             let due = schedule::due(&def.spec, def.missed, def.grace, watermark, now);
-            added.clear();
             // The payloads first, before the pause fence: a payload function (user code) that
             // pauses its own schedule must not wait for this transaction's share of the fence.
             let made: Vec<(SystemTime, Result<MadePayload, String>)> = due
