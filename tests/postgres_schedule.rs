@@ -147,6 +147,19 @@ impl Drop for Process {
     }
 }
 
+/// A pool on `db` with one worker for [`SLOT`] and `schedule`, on `clock`.
+fn pool_on(db: &TestDb, clock: &ManualClock, schedule: Schedule) -> Pool {
+    Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .poll_interval(Duration::from_millis(100))
+        .manual_clock(clock.clone())
+        .register(SLOT, |_, _: &(String, u64)| Ok::<_, HandlerError>(()))
+        .schedule(schedule)
+        .build()
+        .unwrap()
+}
+
 /// The slots submitted, by schedule: (slot, tasks that carry it).
 fn submitted(db: &TestDb, name: &str) -> Vec<(u64, i64)> {
     db.client()
@@ -274,20 +287,10 @@ fn two_versions_of_a_schedule_side_by_side_submit_each_slot_once() {
     };
     let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(T0));
     let version = |period: u64| {
-        Pool::builder()
-            .postgres(db.url.clone())
-            .workers(1)
-            .poll_interval(Duration::from_millis(100))
-            .manual_clock(clock.clone())
-            .register(SLOT, |_, _: &(String, u64)| Ok::<_, HandlerError>(()))
-            .schedule(
-                Schedule::every("report", Duration::from_secs(period), SLOT, |slot| {
-                    ("report".to_owned(), secs(slot))
-                })
-                .missed(Missed::CatchUp(100)),
-            )
-            .build()
-            .unwrap()
+        let schedule = Schedule::every("report", Duration::from_secs(period), SLOT, |slot| {
+            ("report".to_owned(), secs(slot))
+        });
+        pool_on(&db, &clock, schedule.missed(Missed::CatchUp(100)))
     };
     let old = version(10);
     let new = version(15);
@@ -332,25 +335,15 @@ fn a_stalled_tick_is_ended_and_another_pool_submits_its_slot_once() {
     let once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pool = |stall: bool| {
         let (stalled_tx, woken, once) = (stalled_tx.clone(), woken.clone(), once.clone());
-        Pool::builder()
-            .postgres(db.url.clone())
-            .workers(1)
-            .poll_interval(Duration::from_millis(100))
-            .manual_clock(clock.clone())
-            .register(SLOT, |_, _: &(String, u64)| Ok::<_, HandlerError>(()))
-            .schedule(
-                Schedule::every("stall", Duration::from_secs(10), SLOT, move |slot| {
-                    if stall && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                        // This pool's first payload: stall until the test wakes it.
-                        let _ = stalled_tx.send(());
-                        let _ = woken.recv_timeout(Duration::from_secs(60));
-                    }
-                    ("stall".to_owned(), secs(slot))
-                })
-                .missed(Missed::CatchUp(10)),
-            )
-            .build()
-            .unwrap()
+        let schedule = Schedule::every("stall", Duration::from_secs(10), SLOT, move |slot| {
+            if stall && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                // This pool's first payload: stall until the test wakes it.
+                let _ = stalled_tx.send(());
+                let _ = woken.recv_timeout(Duration::from_secs(60));
+            }
+            ("stall".to_owned(), secs(slot))
+        });
+        pool_on(&db, &clock, schedule.missed(Missed::CatchUp(10)))
     };
     let first = pool(true);
     clock.advance(Duration::from_secs(10));
