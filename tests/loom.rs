@@ -463,6 +463,35 @@ fn a_task_held_by_a_concurrency_limit_starts_when_the_slot_frees() {
     });
 }
 
+/// 14b. Lanes (`Builder::queue`): a task of a queue with one worker of its own is held while
+/// that lane's one slot runs, and its run's end releases it; the shared worker takes the other
+/// queue's task meanwhile, whichever worker is asleep when.
+#[test]
+fn a_task_held_by_its_lane_starts_when_the_lane_s_worker_frees() {
+    model(|| {
+        const SLOW: TaskType<u32, u32> = TaskType::new("slow");
+        let pool = Pool::builder()
+            .workers(1)
+            .queue("slow", 1)
+            .seed(1)
+            .manual_clock(ManualClock::new())
+            .register_with(SLOW, TypeOptions::new().queue("slow"), |_, n: &u32| {
+                Ok::<_, HandlerError>(*n)
+            })
+            .register(JOB, |_, n: &u32| Ok::<_, HandlerError>(*n))
+            .build()
+            .unwrap();
+        let first = pool.submit(SLOW.task(1)).unwrap();
+        let second = pool.submit(SLOW.task(2)).unwrap();
+        let other = pool.submit(JOB.task(3)).unwrap();
+        assert_eq!(other.wait(), Outcome::Succeeded(3));
+        assert_eq!(first.wait(), Outcome::Succeeded(1));
+        assert_eq!(second.wait(), Outcome::Succeeded(2));
+        assert_eq!(pool.check_invariants(), Ok(()));
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
 // ===== the intake (src/store/memory/intake.rs) =====
 //
 // Every model above submits through the intake too: 1 races a submit with the worker going to

@@ -8,7 +8,7 @@ mod support_store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use support_store::{GATE, Gate, HANG_GUARD, Store, TestBuilder, finish};
+use support_store::{GATE, Gate, HANG_GUARD, Store, TestBuilder, assert_all_ran, finish};
 use tasq::{
     CancelOutcome, HandlerError, PauseError, PauseTarget, Pool, TaskHandle, TaskState, TaskType,
     TypeOptions,
@@ -50,17 +50,6 @@ fn submit_many(pool: &Pool, ty: TaskType<u32, u32>, n: u32) -> Vec<TaskHandle<u3
 fn assert_waiting(handles: &[TaskHandle<u32>]) {
     for handle in handles {
         assert_eq!(handle.status(), TaskState::Ready, "{}", handle.id());
-    }
-}
-
-fn assert_all_ran(handles: &[TaskHandle<u32>]) {
-    for (i, handle) in handles.iter().enumerate() {
-        assert_eq!(
-            finish(handle).succeeded(),
-            Some(i as u32),
-            "{}",
-            handle.id()
-        );
     }
 }
 

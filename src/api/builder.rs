@@ -98,6 +98,8 @@ pub(super) struct Pending {
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct Builder<S = Embedded> {
     pub(super) workers: Option<usize>,
+    /// The queues with workers of their own (`queues.rs`).
+    pub(super) queues: Vec<(&'static str, usize)>,
     pub(super) max_attempts: u32,
     pub(super) retry: RetryPolicy,
     pub(super) pending: Vec<Pending>,
@@ -161,6 +163,7 @@ impl Builder<Embedded> {
     pub fn new() -> Self {
         Builder {
             workers: None,
+            queues: Vec::new(),
             max_attempts: 3,
             retry: RetryPolicy::default(),
             pending: Vec::new(),
@@ -359,17 +362,12 @@ impl<S> Builder<S> {
         producer_only: bool,
     ) -> Result<(Registry, worker::Threads, Checked<S>), BuildError> {
         let workers = match self.workers {
-            Some(0) if !producer_only => return Err(BuildError::ZeroWorkers),
+            Some(0) if !producer_only && self.queues.is_empty() => {
+                return Err(BuildError::ZeroWorkers);
+            }
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        if workers > crate::store::memory::MAX_WORKERS {
-            return Err(BuildError::InvalidSetting {
-                setting: "the number of workers",
-                of: "the pool",
-                problem: "is above 32,767",
-            });
-        }
         if let Some(name) = self.duplicate {
             return Err(BuildError::DuplicateType(name));
         }
@@ -473,6 +471,14 @@ impl<S> Builder<S> {
             }
         }
 
+        let workers = registry.set_lanes(workers, &self.queues)?;
+        if workers > crate::store::memory::MAX_WORKERS {
+            return Err(invalid(
+                "the number of workers",
+                "the pool",
+                "is above 32,767",
+            ));
+        }
         // A std `Arc` even under loom: immutable, nothing to model.
         let handlers = std::sync::Arc::new(Handlers::new(handlers));
         registry.keep_alive = Some(std::sync::Arc::clone(&handlers) as _);

@@ -42,6 +42,7 @@ impl Builder<Embedded> {
     pub fn postgres(self, url: impl Into<String>) -> Builder<crate::store::postgres::Postgres> {
         Builder {
             workers: self.workers,
+            queues: self.queues,
             max_attempts: self.max_attempts,
             retry: self.retry,
             pending: self.pending,

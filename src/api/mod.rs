@@ -10,5 +10,6 @@ mod durable;
 mod oversight;
 mod pause;
 pub(crate) mod pool;
+mod queues;
 mod schedules;
 pub(crate) mod type_options;

@@ -171,6 +171,9 @@ pub(crate) struct Claim {
     pub(crate) payload: Box<dyn Any + Send>,
     /// The fencing token of this claim's lease, on a store that leases its claims.
     pub(crate) lease: Option<i64>,
+    /// The lane of workers it was claimed for, on a store that claims for each lane (the
+    /// durable store, `postgres/store.rs`); 0 on the others.
+    pub(crate) lane: u32,
     /// The task's own settings, fixed at submit; `None`: its type's, as this pool registered
     /// it (every task of the embedded store that set none of its own).
     pub(crate) settings: Option<Settings>,

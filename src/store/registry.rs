@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::gates::aging::Aging;
 use crate::gates::breaker::Breaker;
 use crate::gates::limit::RateLimit;
-use crate::model::error::SubmitErrorKind;
+use crate::model::error::{BuildError, SubmitErrorKind};
 use crate::model::retry::RetryPolicy;
 use crate::model::task::TaskType;
 
@@ -63,6 +63,10 @@ pub(crate) struct Entry {
     pub(crate) rate: Option<RateLimit>,
     /// The queue the type belongs to.
     pub(crate) queue: &'static str,
+    /// The lane of this pool's workers that runs the type (an index into [`Registry::lanes`]),
+    /// if the pool gives some queue workers of its own; `None` if every worker serves every
+    /// queue.
+    pub(crate) lane: Option<u32>,
     /// How a durable store turns the payload and output into JSON and back.
     #[cfg(feature = "postgres")]
     pub(crate) codec: Option<crate::model::codec::Codec>,
@@ -135,6 +139,7 @@ impl Entry {
             concurrency: None,
             rate: None,
             queue: crate::model::pause::DEFAULT_QUEUE,
+            lane: None,
             #[cfg(feature = "postgres")]
             codec: None,
         }
@@ -151,6 +156,9 @@ pub(crate) struct Registry {
     pub(crate) downstreams: Vec<(&'static str, Breaker)>,
     /// How ready tasks age, if they do.
     pub(crate) aging: Option<Aging>,
+    /// The pool's lanes of workers, if it gives some queue workers of its own
+    /// ([`Builder::queue`](crate::Builder::queue)); empty if every worker serves every queue.
+    pub(crate) lanes: Vec<Lane>,
     /// The pool's handlers (`handlers.rs`), opaque here: the registry never runs them, it only
     /// keeps them alive as long as itself, so that a handler's captures go when the store
     /// goes, once the pool's last thread and handle have let go of it.
@@ -211,10 +219,91 @@ impl Registry {
         &self.entries
     }
 
+    /// Sorts the types into lanes of workers, given the shared workers and each named queue's
+    /// ([`Builder::queue`](crate::Builder::queue)); nothing if no queue is named. Returns the
+    /// pool's threads (their sum, saturating).
+    pub(crate) fn set_lanes(
+        &mut self,
+        shared: usize,
+        queues: &[(&'static str, usize)],
+    ) -> Result<usize, BuildError> {
+        if queues.is_empty() {
+            return Ok(shared);
+        }
+        let mut lanes = vec![Lane {
+            queues: Vec::new(),
+            workers: worker_count(shared),
+        }];
+        let mut total = shared;
+        for &(name, workers) in queues {
+            if let Err(problem) = crate::model::pause::check_queue_name(name) {
+                return Err(invalid("a queue name", name, problem));
+            }
+            if workers == 0 {
+                return Err(invalid("a queue's workers", name, "are zero"));
+            }
+            if lanes.iter().any(|lane| lane.queues.contains(&name)) {
+                return Err(invalid("a queue's workers", name, "are set twice"));
+            }
+            total = total.saturating_add(workers);
+            lanes.push(Lane {
+                queues: vec![name],
+                workers: worker_count(workers),
+            });
+        }
+        for entry in &mut self.entries {
+            let lane = lanes
+                .iter()
+                .position(|lane| lane.queues.contains(&entry.queue))
+                .unwrap_or(0);
+            if lane == 0 {
+                if entry.runs_here && shared == 0 {
+                    return Err(invalid(
+                        "a type's queue",
+                        entry.name,
+                        "has no worker in this pool: name it in Builder::queue, or give the \
+                         pool shared workers",
+                    ));
+                }
+                if !lanes[0].queues.contains(&entry.queue) {
+                    lanes[0].queues.push(entry.queue);
+                }
+            }
+            entry.lane = Some(lane as u32);
+        }
+        self.lanes = lanes;
+        Ok(total)
+    }
+
     /// Whether some type's tasks may be held back before they start: a limit or a breaker.
     pub(crate) fn has_gates(&self) -> bool {
         self.entries.iter().any(Entry::is_gated)
     }
+}
+
+/// A lane of a pool's workers: the threads that serve some queues, and no others. Lane 0 is
+/// the shared one (`Builder::workers`): every queue the pool does not name in
+/// `Builder::queue`; each named queue has a lane of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lane {
+    /// The queues the lane serves, by name; for the shared lane, those of the pool's types
+    /// that have no lane of their own.
+    pub(crate) queues: Vec<&'static str>,
+    /// Its threads: at most this many of its tasks run at once in the pool.
+    pub(crate) workers: u32,
+}
+
+fn invalid(setting: &'static str, of: &'static str, problem: &'static str) -> BuildError {
+    BuildError::InvalidSetting {
+        setting,
+        of,
+        problem,
+    }
+}
+
+/// A count of workers as a lane keeps it (the pool's total is checked by its builder).
+fn worker_count(workers: usize) -> u32 {
+    u32::try_from(workers).unwrap_or(u32::MAX)
 }
 
 impl fmt::Debug for Registry {

@@ -24,7 +24,7 @@ use tasq::{
 
 #[cfg(feature = "postgres")]
 #[path = "../support_pg/mod.rs"]
-mod support_pg;
+pub mod support_pg;
 
 /// Panics whose message contains this are expected: [`silence_expected_panics`] keeps them
 /// off the test output.
@@ -127,6 +127,7 @@ impl TestBuilder {
         fn monitor_interval(interval: Duration);
         fn lifecycle_events(on: bool);
         fn schedule(schedule: tasq::Schedule);
+        fn queue(name: &'static str, workers: usize);
     }
 
     /// Sets how many finished tasks the pool remembers, and how long: the builder's on the
@@ -402,6 +403,12 @@ impl Gate {
             .expect("the gate task never started");
     }
 
+    /// Whether the gate's handler has started (and has not been waited for).
+    #[allow(dead_code)]
+    pub fn started(&self) -> bool {
+        self.started.try_recv().is_ok()
+    }
+
     /// Lets the gate's handler return.
     pub fn open(mut self) {
         self.release();
@@ -490,6 +497,20 @@ pub fn returns_within<T: Send + 'static>(
     });
     rx.recv_timeout(HANG_GUARD)
         .unwrap_or_else(|_| panic!("{what} did not return within {HANG_GUARD:?}"))
+}
+
+/// Waits for each of `handles` (the tasks of payloads `0..`, whose handlers return their
+/// payload) and checks it succeeded with its own.
+#[allow(dead_code)]
+pub fn assert_all_ran(handles: &[TaskHandle<u32>]) {
+    for (i, handle) in handles.iter().enumerate() {
+        assert_eq!(
+            finish(handle).succeeded(),
+            Some(i as u32),
+            "{}",
+            handle.id()
+        );
+    }
 }
 
 /// Waits for a task's outcome, failing the test instead of hanging.

@@ -4,10 +4,19 @@
 //!
 //! # Design
 //!
-//! A task type may have up to three gates: its concurrency limit, its rate limit (a token
-//! bucket, full when the pool starts) and its downstream's circuit breaker (shared by every type
-//! that names the downstream). Only a pool with a gated type or with aging takes the gated path
-//! of a claim (`State::gated`): an ungated pool pays one `bool` check per claim, nothing more.
+//! A task type may have up to four gates: its concurrency limit, its rate limit (a token
+//! bucket, full when the pool starts), its downstream's circuit breaker (shared by every type
+//! that names the downstream), and its *lane* (shared by every type of the lane's queues). Only
+//! a pool with a gated type, lanes, or aging takes the gated path of a claim (`State::gated`):
+//! an ungated pool pays one `bool` check per claim, nothing more.
+//!
+//! **Lanes.** A pool that gives some queues workers of their own (`Builder::queue`) has a lane
+//! per such queue and a shared lane for the rest, each with a number of workers; the pool's
+//! threads are their sum. A lane's gate is a concurrency limit of its workers, shared by its
+//! types. So while a lane runs fewer tasks than its workers, fewer tasks run than the pool has
+//! threads: some worker is free, and it pops past the tasks of full lanes (holding them) to the
+//! lane's next task. Every worker serves every lane, but no lane can take another's workers:
+//! they behave as threads of their own, and one slow queue never holds up the others.
 //!
 //! **Holding.** A worker that pops a task of a gated type asks its gates, in the order breaker,
 //! concurrency, rate: the gate that stays closed longest first, so that tasks held by an open
@@ -28,7 +37,8 @@
 //! from, or to the back of the queue of the gate that stopped it.
 //!
 //! What may open a gate, and releases it:
-//! * a task of the type leaves `Running` (complete, abandon): its concurrency gate;
+//! * a task of the type leaves `Running` (complete, abandon): its concurrency gate and its
+//!   lane's;
 //! * a run's verdict changes its downstream's breaker (it closes, or a probe ends saying
 //!   nothing): the breaker's gate;
 //! * a released task is popped or cancelled: the gate it came from (one placeholder fewer);
@@ -77,6 +87,8 @@ pub(crate) enum Gate {
     Rate(u32),
     /// The pause of type `.0` (paused itself, or through its queue).
     Paused(u32),
+    /// The workers of lane `.0` (an index into `Registry::lanes`).
+    Lane(u32),
 }
 
 impl Gate {
@@ -86,6 +98,7 @@ impl Gate {
             Gate::Concurrency(_) => GateKind::Concurrency,
             Gate::Rate(_) => GateKind::Rate,
             Gate::Paused(_) => GateKind::Paused,
+            Gate::Lane(_) => GateKind::Lane,
         }
     }
 }
@@ -134,6 +147,8 @@ struct Rate {
 /// A type's gates; all `None` (and not paused) for an ungated type.
 struct TypeGates {
     downstream: Option<u32>,
+    /// An index into `Gates::lanes`.
+    lane: Option<u32>,
     concurrency: Option<Concurrency>,
     rate: Option<Rate>,
     /// The type is paused, itself or through its queue: its tasks are held at `pause`.
@@ -146,6 +161,7 @@ struct TypeGates {
 impl TypeGates {
     fn is_gated(&self) -> bool {
         self.downstream.is_some()
+            || self.lane.is_some()
             || self.concurrency.is_some()
             || self.rate.is_some()
             || self.paused
@@ -163,6 +179,9 @@ struct BreakerGate {
 pub(crate) struct Gates {
     /// By type index.
     types: Vec<TypeGates>,
+    /// The pool's lanes of workers, by lane index: each a concurrency limit of its workers,
+    /// shared by its types (invariant 12).
+    lanes: Vec<Concurrency>,
     /// By downstream index, in registry order.
     breakers: Vec<BreakerGate>,
     /// Every gate there is, to scan for timers.
@@ -198,6 +217,7 @@ impl Gates {
             .iter()
             .map(|entry| TypeGates {
                 downstream: entry.downstream,
+                lane: entry.lane,
                 concurrency: entry.concurrency.map(|limit| Concurrency {
                     limit,
                     running: 0,
@@ -222,7 +242,17 @@ impl Gates {
                 held: Held::new(),
             })
             .collect();
+        let lanes: Vec<Concurrency> = registry
+            .lanes
+            .iter()
+            .map(|lane| Concurrency {
+                limit: lane.workers,
+                running: 0,
+                held: Held::new(),
+            })
+            .collect();
         let mut all: Vec<Gate> = (0..breakers.len() as u32).map(Gate::Breaker).collect();
+        all.extend((0..lanes.len() as u32).map(Gate::Lane));
         for (index, gates) in types.iter().enumerate() {
             let index = index as u32;
             if gates.concurrency.is_some() {
@@ -235,6 +265,7 @@ impl Gates {
         }
         Gates {
             types,
+            lanes,
             breakers,
             all,
             held: 0,
@@ -264,6 +295,11 @@ impl Gates {
             GateKind::Concurrency => Gate::Concurrency(type_index),
             GateKind::Rate => Gate::Rate(type_index),
             GateKind::Paused => Gate::Paused(type_index),
+            GateKind::Lane => Gate::Lane(
+                self.types[type_index as usize]
+                    .lane
+                    .expect("a task held by a lane has one"),
+            ),
         }
     }
 
@@ -285,6 +321,7 @@ impl Gates {
                 &limit.expect("a rate gate has a limit").held
             }
             Gate::Paused(t) => &self.types[t as usize].pause,
+            Gate::Lane(l) => &self.lanes[l as usize].held,
         }
     }
 
@@ -300,14 +337,16 @@ impl Gates {
                 &mut limit.expect("a rate gate has a limit").held
             }
             Gate::Paused(t) => &mut self.types[t as usize].pause,
+            Gate::Lane(l) => &mut self.lanes[l as usize].held,
         }
     }
 
     // ===== starting =====
 
     /// Whether every gate of `type_index` lets a task start at `now`. If so, the task has
-    /// started: it took the breaker's probe (if half-open), a concurrency slot and a token.
-    /// If not, the first gate found closed, in the order pause, breaker, concurrency, rate;
+    /// started: it took the breaker's probe (if half-open), a concurrency slot, a worker of its
+    /// lane and a token. If not, the first gate found closed, in the order pause, breaker,
+    /// concurrency, lane, rate;
     /// nothing was taken. A breaker that lets a probe through emits its change (invariant 14).
     pub(crate) fn admit(
         &mut self,
@@ -329,6 +368,12 @@ impl Gates {
         if let Some(limit) = &gates.concurrency {
             if limit.running >= limit.limit {
                 return Err(GateKind::Concurrency);
+            }
+        }
+        if let Some(lane) = gates.lane {
+            let lane = &self.lanes[lane as usize];
+            if lane.running >= lane.limit {
+                return Err(GateKind::Lane);
             }
         }
         if let Some(rate) = &mut gates.rate {
@@ -354,6 +399,10 @@ impl Gates {
             // Keeps invariant 12: counted in as it starts.
             limit.running += 1;
         }
+        if let Some(lane) = gates.lane {
+            // Keeps invariant 12 for the lane.
+            self.lanes[lane as usize].running += 1;
+        }
         if let Some(rate) = &mut gates.rate {
             let took = rate.bucket.try_take(&rate.limit, now);
             debug_assert!(took, "the bucket said it held a start");
@@ -361,22 +410,26 @@ impl Gates {
         Ok(())
     }
 
-    /// A task of `type_index` left `Running`: counts it out of its concurrency limit and gives
-    /// its run's verdict to its downstream's breaker (emitting a change, invariant 14). Returns
-    /// the gates that may have opened, for the caller to release.
+    /// A task of `type_index` left `Running`: counts it out of its concurrency limit and its
+    /// lane, and gives its run's verdict to its downstream's breaker (emitting a change,
+    /// invariant 14). Returns the gates that may have opened, for the caller to release.
     pub(crate) fn run_ended(
         &mut self,
         type_index: u32,
         verdict: Verdict,
         now: Instant,
         events: &Events,
-    ) -> [Option<Gate>; 2] {
+    ) -> [Option<Gate>; 3] {
         let gates = &mut self.types[type_index as usize];
-        let mut opened = [None, None];
+        let mut opened = [None, None, None];
         if let Some(limit) = &mut gates.concurrency {
             // Keeps invariant 12.
             limit.running -= 1;
             opened[0] = Some(Gate::Concurrency(type_index));
+        }
+        if let Some(lane) = gates.lane {
+            self.lanes[lane as usize].running -= 1;
+            opened[2] = Some(Gate::Lane(lane));
         }
         if let Some(d) = gates.downstream {
             let breaker = &mut self.breakers[d as usize];
@@ -429,6 +482,10 @@ impl Gates {
                 let limit = self.types[t as usize].concurrency.as_ref();
                 let limit = limit.expect("a concurrency gate has a limit");
                 limit.limit.saturating_sub(limit.running) as usize
+            }
+            Gate::Lane(l) => {
+                let lane = &self.lanes[l as usize];
+                lane.limit.saturating_sub(lane.running) as usize
             }
             Gate::Rate(t) => {
                 let rate = self.types[t as usize].rate.as_ref();
@@ -499,7 +556,7 @@ impl Gates {
             && match gate {
                 Gate::Rate(_) => true,
                 Gate::Breaker(d) => self.breakers[d as usize].cell.state == BreakerState::Open,
-                Gate::Concurrency(_) | Gate::Paused(_) => false,
+                Gate::Concurrency(_) | Gate::Paused(_) | Gate::Lane(_) => false,
             }
     }
 
@@ -517,7 +574,7 @@ impl Gates {
                 let breaker = &self.breakers[d as usize];
                 breaker.cell.reopens_at(&breaker.settings)
             }
-            Gate::Concurrency(_) | Gate::Paused(_) => None,
+            Gate::Concurrency(_) | Gate::Paused(_) | Gate::Lane(_) => None,
         }
     }
 
@@ -611,10 +668,18 @@ impl Gates {
         let mut held = vec![0usize; self.all.len()];
         let mut released = vec![0usize; self.all.len()];
         let mut running = vec![0u32; self.types.len()];
+        let mut lane_running = vec![0u32; self.lanes.len()];
         let position = |gate: Gate| self.all.iter().position(|&g| g == gate);
         for (&seq, record) in records {
             if record.state == TaskState::Running {
                 if let Some(n) = running.get_mut(record.type_index as usize) {
+                    *n += 1;
+                }
+                let lane = self
+                    .types
+                    .get(record.type_index as usize)
+                    .and_then(|g| g.lane);
+                if let Some(n) = lane.and_then(|lane| lane_running.get_mut(lane as usize)) {
                     *n += 1;
                 }
             }
@@ -634,6 +699,7 @@ impl Gates {
                 GateKind::Breaker => g.downstream.is_some(),
                 GateKind::Concurrency => g.concurrency.is_some(),
                 GateKind::Rate => g.rate.is_some(),
+                GateKind::Lane => g.lane.is_some(),
                 // Invariant 16: held at a pause only while paused; never released from one.
                 GateKind::Paused => g.paused && matches!(record.gating, Gating::Held(_)),
             });
@@ -657,6 +723,17 @@ impl Gates {
                         ),
                     ));
                 }
+            }
+        }
+        for (index, lane) in self.lanes.iter().enumerate() {
+            if lane.running != lane_running[index] || lane.running > lane.limit {
+                return Err((
+                    12,
+                    format!(
+                        "lane {index} counts {} running of {} workers, the records {}",
+                        lane.running, lane.limit, lane_running[index]
+                    ),
+                ));
             }
         }
         let mut total = 0;
@@ -699,6 +776,10 @@ impl Gates {
                     Gate::Concurrency(t) => {
                         let limit = self.types[t as usize].concurrency.as_ref();
                         limit.is_some_and(|l| l.running >= l.limit)
+                    }
+                    Gate::Lane(l) => {
+                        let lane = &self.lanes[l as usize];
+                        lane.running >= lane.limit
                     }
                     Gate::Breaker(d) => {
                         let cell = &self.breakers[d as usize].cell;

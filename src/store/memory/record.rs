@@ -130,6 +130,8 @@ pub(crate) enum GateKind {
     Rate,
     /// The type, or its queue, is paused.
     Paused,
+    /// Every worker of the type's lane runs a task.
+    Lane,
 }
 
 /// Where a ready task stands with its gates: what tells the queue it is in, and which count to

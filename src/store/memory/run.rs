@@ -59,6 +59,7 @@ impl State {
             token,
             payload,
             lease: None,
+            lane: 0,
             settings: record.extra.as_ref().and_then(|extra| extra.settings),
             claimed_at: now,
         })

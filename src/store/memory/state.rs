@@ -45,14 +45,16 @@
 //!     `released` the number of tasks released from it and still ready, and `Gates::held` the
 //!     sum of the live counts. `counts.ready` counts held tasks too: they are ready.
 //! 12. The `running` count of a type with a concurrency limit equals its running tasks and is
-//!     never above the limit: a task of a gated type starts only through `Gates::admit`, which
-//!     checks the limit and counts it in; `complete` and `abandon`, the only ways out of
-//!     `Running`, count it out. (So do the token bucket and the breaker: every start of a
+//!     never above the limit, and so is each lane's (its types' running tasks, at most its
+//!     workers): a task of a gated type starts only through `Gates::admit`, which checks the
+//!     limits and counts it in; `complete` and `abandon`, the only ways out of `Running`, count
+//!     it out. (So do the token bucket and the breaker: every start of a
 //!     rate-limited type takes a token, every start of a half-open downstream's type is its
 //!     one probe.)
 //! 13. No held task is forgotten: a gate that holds tasks and has released none is closed,
 //!     and what opens it releases it: a concurrency gate is at its limit (a task of the type
-//!     leaving `Running` releases it), a breaker is open (its cool-down is a due time of the
+//!     leaving `Running` releases it), so is a lane (a task of one of its types leaving
+//!     `Running` releases it), a breaker is open (its cool-down is a due time of the
 //!     timer) or half-open with its probe out (the probe's end releases it), a rate gate waits
 //!     for its bucket's next token (a due time of the timer), a pause gate is closed while
 //!     its type is paused (resuming releases it).
@@ -261,7 +263,7 @@ impl State {
             pauses: BTreeMap::new(),
             gates: Gates::new(registry, epoch),
             aging: registry.aging,
-            gated: registry.has_gates() || registry.aging.is_some(),
+            gated: registry.has_gates() || registry.aging.is_some() || !registry.lanes.is_empty(),
             records: IdMap::default(),
             dormant: IdMap::default(),
             tokens: IdMap::default(),

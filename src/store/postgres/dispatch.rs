@@ -33,7 +33,7 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
     let mut rng = rand::rngs::SmallRng::from_os_rng();
     let mut backoff = Duration::from_millis(50);
     loop {
-        let wanted = {
+        let wanted: Vec<(usize, usize)> = {
             let mut local = store.local.lock();
             loop {
                 if local.closed || local.stopping {
@@ -41,7 +41,7 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
                 }
                 if local.wake && local.wants_claim(store.prefetch) {
                     local.wake = false;
-                    break local.free;
+                    break local.wanted(store.prefetch);
                 }
                 // Jittered (±10%), so idle pools started together do not poll together.
                 let poll = Instant::now() + store.poll_interval.mul_f64(rng.random_range(0.9..1.1));
@@ -60,39 +60,40 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
         };
         // Before the claim, so that it sees the priorities aged to the pool's clock.
         super::gating::age_if_due(store, true);
-        match claim_batch(store, wanted) {
-            Ok(claimed) => {
-                backoff = Duration::from_millis(50);
-                let full = claimed == wanted;
-                let mut local = store.local.lock();
-                local.totals.claims += 1;
-                local.totals.empty_claims += u64::from(claimed == 0);
-                // A full batch: there may be more right away.
-                local.wake |= full;
-            }
-            Err(_) => {
-                // The database is away: try again later (the poll wakes us anyway).
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                store.local.lock().wake = true;
+        for (lane, wanted) in wanted {
+            match claim_batch(store, lane, wanted) {
+                Ok(claimed) => {
+                    backoff = Duration::from_millis(50);
+                    let full = claimed == wanted;
+                    let mut local = store.local.lock();
+                    local.totals.claims += 1;
+                    local.totals.empty_claims += u64::from(claimed == 0);
+                    // A full batch: there may be more right away.
+                    local.wake |= full;
+                }
+                Err(_) => {
+                    // The database is away: try again later (the poll wakes us anyway).
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    store.local.lock().wake = true;
+                    break;
+                }
             }
         }
     }
 }
 
-/// The claim: up to `$2` ready, due rows of the types `$1`, highest priority first, oldest due
-/// first, each leased for `$3` microseconds of the database's time. The rows are picked in a
-/// CTE, not in `WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`: with that form,
-/// PostgreSQL may run the subquery more than once and claim more than n rows (bug #15715).
-/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting. The
-/// picked ids are updated through the primary key (`= ANY(ARRAY(...))`, evaluated once): a
-/// join with the CTE would let a generic plan (the statement is prepared once per connection)
-/// hash the whole table.
-pub(crate) const CLAIM: &str = "
+/// The claim's text, with a lane's filter or none.
+macro_rules! claim_statement {
+    ($lane:literal) => {
+        concat!(
+            "
     WITH paused AS MATERIALIZED (SELECT * FROM tasq_paused()),
     picked AS (
         SELECT id FROM tasq_tasks
-        WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
+        WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1) ",
+            $lane,
+            "
           -- `|| ''`: no statistics for the planner to read. With one type or one queue in
           -- the table, `column <> <unknown>` is estimated to keep no row, and the plan turns
           -- to a sequential scan and a sort (128 ms instead of 0.3 at 300,000 rows).
@@ -108,20 +109,42 @@ pub(crate) const CLAIM: &str = "
         attempts = t.attempts + 1
     WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING t.id, t.type, t.payload, t.attempts, t.lease_id, t.priority, t.run_at,
-              t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us";
+              t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us"
+        )
+    };
+}
 
-/// Claims up to `wanted` tasks and queues them for the workers; returns how many it claimed.
-fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
+/// The claim: up to `$2` ready, due rows of the types `$1`, highest priority first, oldest due
+/// first, each leased for `$3` microseconds of the database's time. The rows are picked in a
+/// CTE, not in `WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`: with that form,
+/// PostgreSQL may run the subquery more than once and claim more than n rows (bug #15715).
+/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting. The
+/// picked ids are updated through the primary key (`= ANY(ARRAY(...))`, evaluated once): a
+/// join with the CTE would let a generic plan (the statement is prepared once per connection)
+/// hash the whole table.
+pub(crate) const CLAIM: &str = claim_statement!("");
+
+/// The claim of a lane of workers (`Builder::queue`): as [`CLAIM`], of the rows in the queues
+/// `$4` only (through `tasq_queue_dequeue`).
+pub(crate) const CLAIM_LANE: &str = claim_statement!("AND queue = ANY($4)");
+
+/// Claims up to `wanted` tasks for lane `lane` and queues them for its workers; returns how
+/// many it claimed.
+fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize, String> {
     // Each claim's lease is timed from before its statement is sent (see `Held::valid_until`).
     let requested = Instant::now();
+    let queues = store.lane_queues(lane);
     let rows = match &store.gates {
         None => {
             let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
             let lease_us = rows::micros(store.lease);
-            store.with_conn(|c| c.query(CLAIM, &[&store.types, &limit, &lease_us]))?
+            store.with_conn(|c| match queues {
+                None => c.query(CLAIM, &[&store.types, &limit, &lease_us]),
+                Some(queues) => c.query(CLAIM_LANE, &[&store.types, &limit, &lease_us, &queues]),
+            })?
         }
         Some(gates) => {
-            let claim = super::gating::claim(store, gates, wanted)?;
+            let claim = super::gating::claim(store, gates, wanted, queues)?;
             // Reported once: this claim's transaction made the change, and it committed.
             for (downstream, state) in claim.changes {
                 store.events.emit(Event::Breaker { downstream, state });
@@ -156,6 +179,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                 token: token.clone(),
                 type_index,
                 attempt,
+                lane,
                 valid_until: requested + store.lease,
             },
         ));
@@ -186,6 +210,7 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
                     token,
                     payload,
                     lease: Some(lease),
+                    lane: lane as u32,
                     settings: Some(settings),
                     // Stamped again as a worker takes it from the local queue.
                     claimed_at: store.clock.now(),
@@ -212,10 +237,13 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             return Ok(0);
         }
         // The claim never takes more than asked for (the CTE; tested against the server).
-        local.free = local.free.saturating_sub(count);
+        let slots = &mut local.lanes[lane];
+        slots.free = slots.free.saturating_sub(count);
+        // The bad ones are run here and now, as dead letters: their ending frees their slots.
+        slots.started += bad.len();
         local.running.extend(held);
         for claim in claims {
-            local.queue.push_back(claim);
+            local.queue.push_back((lane, claim));
             store.work_cv.notify_one();
         }
     }
@@ -230,7 +258,13 @@ fn claim_batch(store: &Arc<PgStore>, wanted: usize) -> Result<usize, String> {
             ),
             Err(exhausted) => Failure::new(FailureReason::Exhausted, attempt, exhausted, None),
         };
-        store.finish(seq, lease, Ending::Failed(failure), store.manual_now_us());
+        store.finish(
+            seq,
+            lease,
+            lane,
+            Ending::Failed(failure),
+            store.manual_now_us(),
+        );
     }
     Ok(count)
 }
@@ -245,6 +279,7 @@ impl PgStore {
         let ended_at = self.manual_now_us();
         let seq = rows::local_seq(self.queue, claim.id).unwrap_or(0);
         let lease = claim.lease.unwrap_or(0);
+        let claim_lane = claim.lane as usize;
         if claim.token.interrupt() == Some(Interrupt::Shutdown)
             && !matches!(outcome, RunOutcome::Succeeded(_))
         {
@@ -252,7 +287,7 @@ impl PgStore {
             // process with the attempt not counted, as a claim that never started does; its
             // run says nothing about its downstream.
             unwind::drop_quietly(outcome);
-            self.give_back_run(seq, lease);
+            self.give_back_run(seq, lease, claim.lane as usize);
             unwind::drop_quietly(claim.payload);
             return;
         }
@@ -286,7 +321,7 @@ impl PgStore {
                 Ending::Failed(failure)
             }
         };
-        self.finish(seq, lease, ending, ended_at);
+        self.finish(seq, lease, claim_lane, ending, ended_at);
         unwind::drop_quietly(payload);
     }
 
@@ -294,7 +329,14 @@ impl PgStore {
     /// at `ended_at` (with a manual clock: the time the run ended, see `with_conn_at`; a
     /// success grouped with others is stamped when written); retried while the database is
     /// away. Then frees the worker's slot and publishes the outcome to local handles.
-    pub(super) fn finish(&self, seq: i64, lease: i64, mut ending: Ending, ended_at: Option<i64>) {
+    pub(super) fn finish(
+        &self,
+        seq: i64,
+        lease: i64,
+        lane: usize,
+        mut ending: Ending,
+        ended_at: Option<i64>,
+    ) {
         let mut delay = Duration::from_millis(20);
         let (written, cascaded) = loop {
             match self.write_ending(seq, lease, &mut ending, ended_at) {
@@ -391,7 +433,7 @@ impl PgStore {
                 false
             }
         };
-        self.release(seq, lease);
+        self.release(seq, lease, lane);
         if from_row {
             self.publish_seq(seq);
         } else if terminal {
@@ -402,14 +444,15 @@ impl PgStore {
     /// Gives back the row of a run that this pool's shutdown interrupted (see `complete`), then
     /// frees the worker's slot. If the database is away the lease runs out instead, and the
     /// reaper returns the row (counting the attempt).
-    fn give_back_run(&self, seq: i64, lease: i64) {
+    fn give_back_run(&self, seq: i64, lease: i64, lane: usize) {
         self.give_back_leases(&[lease]);
-        self.release(seq, lease);
+        self.release(seq, lease, lane);
     }
 
-    /// A run under `lease` is over here: forgets its entry, frees its worker's slot, and wakes
-    /// the fetcher and whoever waits for the pool's runs to end.
-    fn release(&self, seq: i64, lease: i64) {
+    /// A run under `lease` of lane `lane` is over here: forgets its entry, frees its worker's
+    /// slot, and wakes the fetcher, a worker for a claim of the lane that waited for it, and
+    /// whoever waits for the pool's runs to end.
+    fn release(&self, seq: i64, lease: i64, lane: usize) {
         let mut local = self.local.lock();
         // Only this lease's entry: a retry due at once may already have been claimed again by
         // this pool's fetcher, under a new lease whose entry must stay (its heartbeat, its
@@ -421,10 +464,15 @@ impl PgStore {
         {
             local.running.remove(&seq);
         }
-        local.free += 1;
+        local.run_ended(lane);
         local.wake = true;
         if local.wants_claim(self.prefetch) {
             self.fetch_cv.notify_one();
+        }
+        if local.lanes.len() > 1 && !local.queue.is_empty() {
+            // A claim of this lane may have waited for its worker (a pool with one lane never
+            // holds a claim back: a worker that asks has a free slot).
+            self.work_cv.notify_one();
         }
         self.done_cv.notify_all();
     }
@@ -686,6 +734,7 @@ pub(super) fn notify_changes(
 
 /// The durable store's invariants, checked over the whole table (for tests).
 pub(super) fn check_invariants(store: &PgStore) -> Result<(), String> {
+    store.local.lock().check_lanes()?;
     let checks: [(&str, &str); 7] = [
         (
             "a task waiting to run carries no cancel request (a cancel ends it at once)",

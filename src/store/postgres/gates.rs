@@ -82,14 +82,17 @@ use crate::gates::breaker::{Breaker, BreakerState};
 use crate::gates::limit::RateLimit;
 use crate::store::registry::Registry;
 
-/// A pick of the best ready rows of the types `$1`, at most `$2`, as the plain claim picks them:
-/// the rows of types not in `$4` (ungated) are claimed at once, leased for `$3` microseconds; the
-/// rows of types in `$4` (gated) come back unclaimed (no lease), still locked by the transaction.
-pub(crate) const PICK: &str = "
+/// The pick's text, with a lane's filter or none.
+macro_rules! pick_statement {
+    ($lane:literal) => {
+        concat!(
+            "
     WITH paused AS MATERIALIZED (SELECT * FROM tasq_paused()),
     picked AS (
         SELECT id, type, priority, run_at FROM tasq_tasks
-        WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1)
+        WHERE status = 'ready' AND run_at <= tasq_now() AND type = ANY($1) ",
+            $lane,
+            "
           -- `|| ''`: no statistics for the planner to read. With one type or one queue in
           -- the table, `column <> <unknown>` is estimated to keep no row, and the plan turns
           -- to a sequential scan and a sort (128 ms instead of 0.3 at 300,000 rows).
@@ -111,7 +114,19 @@ pub(crate) const PICK: &str = "
            max_attempts, retry_base_us, retry_cap_us, timeout_us FROM claimed
     UNION ALL
     SELECT id, type, NULL, NULL, NULL, priority, run_at, NULL, NULL, NULL, NULL
-    FROM picked WHERE type = ANY($4)";
+    FROM picked WHERE type = ANY($4)"
+        )
+    };
+}
+
+/// A pick of the best ready rows of the types `$1`, at most `$2`, as the plain claim picks them:
+/// the rows of types not in `$4` (ungated) are claimed at once, leased for `$3` microseconds; the
+/// rows of types in `$4` (gated) come back unclaimed (no lease), still locked by the transaction.
+pub(crate) const PICK: &str = pick_statement!("");
+
+/// The pick of a lane of workers (`Builder::queue`): as [`PICK`], of the rows in the queues
+/// `$5` only.
+pub(crate) const PICK_LANE: &str = pick_statement!("AND queue = ANY($5)");
 
 /// Locks the gate rows of the types `$1` and of the downstreams `$2` that are not closed, passing
 /// over the rows another transaction holds (see the design note).

@@ -7,7 +7,8 @@ use postgres::Row;
 
 use super::conn::Sql;
 use super::gates::{
-    AGE, Allowances, CLAIM_KEPT, FAILED, GatedClaim, Gates, PICK, READ, SUCCEEDED, refilled,
+    AGE, Allowances, CLAIM_KEPT, FAILED, GatedClaim, Gates, PICK, PICK_LANE, READ, SUCCEEDED,
+    refilled,
 };
 use super::rows;
 use super::store::PgStore;
@@ -15,7 +16,13 @@ use crate::gates::breaker::{BreakerState, Verdict};
 use crate::observe::event::Event;
 
 /// Claims up to `wanted` rows for a pool with gates, in one transaction (see the design note).
-pub(super) fn claim(store: &PgStore, gates: &Gates, wanted: usize) -> Result<GatedClaim, String> {
+/// For a lane of workers, only rows of the queues `lane`.
+pub(super) fn claim(
+    store: &PgStore,
+    gates: &Gates,
+    wanted: usize,
+    lane: Option<&Vec<String>>,
+) -> Result<GatedClaim, String> {
     let lease_us = rows::micros(store.lease);
     store.with_conn(|c| {
         let mut tx = c.transaction()?;
@@ -34,7 +41,13 @@ pub(super) fn claim(store: &PgStore, gates: &Gates, wanted: usize) -> Result<Gat
                 break;
             }
             let limit = i64::try_from(want).unwrap_or(i64::MAX);
-            let picked = tx.query(PICK, &[&types, &limit, &lease_us, &gates.gated])?;
+            let picked = match lane {
+                None => tx.query(PICK, &[&types, &limit, &lease_us, &gates.gated])?,
+                Some(queues) => tx.query(
+                    PICK_LANE,
+                    &[&types, &limit, &lease_us, &gates.gated, queues],
+                )?,
+            };
             let full = picked.len() == want;
             let mut candidates: Vec<(i16, std::time::SystemTime, i64, u32)> = Vec::new();
             for row in picked {

@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 6;
+pub(crate) const VERSION: i32 = 7;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 6] = [V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: [&str; 7] = [V1, V2, V3, V4, V5, V6, V7];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -276,6 +276,16 @@ CREATE TABLE IF NOT EXISTS tasq_schedule_slots (
     made_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (name, slot)
 );
+";
+
+/// Version 7: the claim of a lane of workers (`Builder::queue`) takes only its queues' ready
+/// rows, in the claim's order, through `tasq_queue_dequeue`: without it, a lane whose queue
+/// is quiet would read past every ready row of the busy queues at each claim (the very case
+/// lanes are for). The index holds ready rows only, like `tasq_dequeue`; a row is written to
+/// it as it becomes ready, never as it starts running.
+const V7: &str = "
+CREATE INDEX tasq_queue_dequeue ON tasq_tasks (queue, priority DESC, run_at, id)
+WHERE status = 'ready';
 ";
 
 /// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL

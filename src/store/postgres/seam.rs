@@ -584,7 +584,7 @@ impl Store for PgStore {
             if local.stopping {
                 return None;
             }
-            if let Some(mut claim) = local.queue.pop_front() {
+            if let Some((lane, mut claim)) = local.start_next() {
                 let seq = super::rows::local_seq(self.queue, claim.id).unwrap_or(0);
                 let lost = local
                     .running
@@ -594,7 +594,7 @@ impl Store for PgStore {
                     // Its lease may be gone: given back (fenced by the lease, so a row another
                     // worker took since is left alone), never started.
                     local.running.remove(&seq);
-                    local.free += 1;
+                    local.unstart(lane);
                     local.wake = true;
                     self.fetch_cv.notify_one();
                     drop(local);
@@ -631,8 +631,13 @@ impl Store for PgStore {
         let Some(seq) = held.and_then(|id| self.seq(id)) else {
             return;
         };
-        let lease = self.local.lock().running.get(&seq).map(|h| h.lease);
-        if let Some(lease) = lease {
+        let held = self
+            .local
+            .lock()
+            .running
+            .get(&seq)
+            .map(|h| (h.lease, h.lane));
+        if let Some((lease, lane)) = held {
             let failure = crate::model::state::Failure::new(
                 crate::model::state::FailureReason::Panicked,
                 0,
@@ -640,7 +645,13 @@ impl Store for PgStore {
                 None,
             );
             let now = self.manual_now_us();
-            self.finish(seq, lease, super::dispatch::Ending::Failed(failure), now);
+            self.finish(
+                seq,
+                lease,
+                lane,
+                super::dispatch::Ending::Failed(failure),
+                now,
+            );
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::config::Postgres;
 use super::migrate::SCHEMA_VERSION;
-use super::store::{Local, PgStore, host_name};
+use super::store::{Lane, Local, PgStore, host_name};
 use super::time::manual_base;
 use crate::model::clock::Clock;
 use crate::model::error::BuildError;
@@ -91,6 +91,21 @@ impl PgStore {
             .map(|entry| entry.name.to_owned())
             .collect();
         let gates = super::gates::Gates::new(&registry);
+        // A lane per named queue, and the shared one (`api/queues.rs`); one lane of every
+        // worker and every queue if no queue is named.
+        let lanes: Vec<Lane> = if registry.lanes.is_empty() {
+            vec![Lane::new(workers, prefetch)]
+        } else {
+            let workers = registry.lanes.iter().map(|lane| lane.workers as usize);
+            workers
+                .map(|workers| Lane::new(workers, prefetch))
+                .collect()
+        };
+        let lane_queues = registry
+            .lanes
+            .iter()
+            .map(|lane| lane.queues.iter().map(|&queue| queue.to_owned()).collect())
+            .collect();
         let store = Arc::new(PgStore {
             queue: queue as u64,
             registry,
@@ -101,11 +116,12 @@ impl PgStore {
             manual_base_us,
             prefetch,
             types,
+            lane_queues,
             local: Mutex::new(Local {
                 queue: VecDeque::new(),
                 running: HashMap::new(),
                 // A pool without workers claims nothing, prefetch or not.
-                free: if workers == 0 { 0 } else { workers + prefetch },
+                lanes,
                 wake: true,
                 closed: false,
                 stopping: false,

@@ -34,6 +34,8 @@ pub(super) struct Held {
     pub(super) type_index: u32,
     /// The attempt the claim starts (for the lifecycle's events).
     pub(super) attempt: u32,
+    /// The lane of workers it was claimed for (see [`Lane`]).
+    pub(super) lane: usize,
     /// Until when the lease surely holds, on this process's monotonic clock: the lease's length
     /// from when the statement that took or last extended it was *sent* (the database set the
     /// expiry later than that, never earlier). A claim still waiting for a worker past this is
@@ -42,13 +44,57 @@ pub(super) struct Held {
     pub(super) valid_until: Instant,
 }
 
+/// A lane of the pool's workers (`Builder::queue`, `api/queues.rs`) as the fetcher and the
+/// workers count it: a pool without lanes has one, of every worker and every queue.
+///
+/// Its claims held here (`capacity - free`) are those waiting in `Local::queue` and the
+/// `started` ones. The fetcher claims for a lane only its queues' rows, at most `free`; a worker
+/// starts a lane's claim only while `started < workers`. So no lane runs more tasks than its
+/// workers, and the pool's threads (the sum of the lanes' workers) always have a free one for
+/// a lane below its count: a lane's tasks never wait for another lane's.
+pub(super) struct Lane {
+    /// Its workers plus the prefetch (zero for a lane without workers: it claims nothing).
+    pub(super) capacity: usize,
+    /// Slots neither running a task nor holding one in `queue`.
+    pub(super) free: usize,
+    /// Claims a worker took, whose run has not ended here.
+    pub(super) started: usize,
+    /// At most this many of its claims run at once.
+    pub(super) workers: usize,
+}
+
+impl Lane {
+    /// A lane of `workers` workers, with `prefetch` claims more.
+    pub(super) fn new(workers: usize, prefetch: usize) -> Lane {
+        // A lane without workers claims nothing, prefetch or not.
+        let capacity = if workers == 0 { 0 } else { workers + prefetch };
+        Lane {
+            capacity,
+            free: capacity,
+            started: 0,
+            workers,
+        }
+    }
+
+    /// Its claims waiting in `Local::queue`.
+    fn waiting(&self) -> usize {
+        self.capacity - self.free - self.started
+    }
+
+    /// Whether the fetcher should claim for it (when woken): a slot is free and, with
+    /// prefetch, a batch's worth of slots is, or its workers have nothing left to take.
+    fn wants_claim(&self, prefetch: usize) -> bool {
+        self.free > 0 && (self.free >= prefetch || self.waiting() == 0)
+    }
+}
+
 /// The pool-local state: claims waiting for a worker, the tasks running here, the workers.
 pub(super) struct Local {
-    /// Claimed, leased, not started yet (given back at shutdown).
-    pub(super) queue: VecDeque<Claim>,
+    /// Claimed, leased, not started yet (given back at shutdown), with their lane.
+    pub(super) queue: VecDeque<(usize, Claim)>,
     pub(super) running: HashMap<i64, Held>,
-    /// Slots (workers plus prefetch) neither running a task nor holding one in `queue`.
-    pub(super) free: usize,
+    /// The lanes of workers, by index (one for a pool without lanes).
+    pub(super) lanes: Vec<Lane>,
     /// The fetcher should claim now (a notification, a local submit, a finished task).
     pub(super) wake: bool,
     /// Closed to new tasks: the fetcher stops claiming.
@@ -72,10 +118,65 @@ impl Local {
         self.queue.is_empty() && self.running.is_empty()
     }
 
-    /// Whether the fetcher should claim (when woken): a slot is free and, with prefetch, a
-    /// batch's worth of slots is, or the workers have nothing left to take.
+    /// Whether the fetcher should claim for some lane (see [`Lane::wants_claim`]).
     pub(super) fn wants_claim(&self, prefetch: usize) -> bool {
-        self.free > 0 && (self.free >= prefetch || self.queue.is_empty())
+        self.lanes.iter().any(|lane| lane.wants_claim(prefetch))
+    }
+
+    /// How many the fetcher should claim now, for each lane that wants a claim.
+    pub(super) fn wanted(&self, prefetch: usize) -> Vec<(usize, usize)> {
+        let lanes = self.lanes.iter().enumerate();
+        lanes
+            .filter(|(_, lane)| lane.wants_claim(prefetch))
+            .map(|(index, lane)| (index, lane.free))
+            .collect()
+    }
+
+    /// Takes the first waiting claim whose lane has a worker free, counting it started; with
+    /// its lane.
+    pub(super) fn start_next(&mut self) -> Option<(usize, Claim)> {
+        let lanes = &self.lanes;
+        let at = self
+            .queue
+            .iter()
+            .position(|(lane, _)| lanes[*lane].started < lanes[*lane].workers)?;
+        let (lane, claim) = self.queue.remove(at)?;
+        self.lanes[lane].started += 1;
+        Some((lane, claim))
+    }
+
+    /// Checks each lane's counts (see [`Lane`]): its free slots, started claims and claims
+    /// waiting in `queue` make its capacity, and it runs no more than its workers (a claim
+    /// whose payload does not decode counts as started until the fetcher has ended it: check
+    /// between claims).
+    pub(super) fn check_lanes(&self) -> Result<(), String> {
+        for (index, lane) in self.lanes.iter().enumerate() {
+            let waiting = self.queue.iter().filter(|(l, _)| *l == index).count();
+            if lane.free + lane.started + waiting != lane.capacity {
+                return Err(format!(
+                    "lane {index}: {} free, {} started and {waiting} waiting, of {}",
+                    lane.free, lane.started, lane.capacity
+                ));
+            }
+            if lane.started > lane.workers {
+                return Err(format!(
+                    "lane {index} runs {} claims on {} workers",
+                    lane.started, lane.workers
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A claim of `lane` that a worker took never ran (it was lost): its slot is free.
+    pub(super) fn unstart(&mut self, lane: usize) {
+        self.lanes[lane].started -= 1;
+        self.lanes[lane].free += 1;
+    }
+
+    /// A run of `lane` ended here: its worker and its slot are free.
+    pub(super) fn run_ended(&mut self, lane: usize) {
+        self.unstart(lane);
     }
 }
 
@@ -115,6 +216,9 @@ pub(crate) struct PgStore {
     pub(super) prefetch: usize,
     /// The names of the types this pool runs (it claims no other).
     pub(super) types: Vec<String>,
+    /// The queues of each lane of workers (`Local::lanes`), if the pool has lanes; empty if
+    /// its workers serve every queue.
+    pub(super) lane_queues: Vec<Vec<String>>,
     pub(super) local: Mutex<Local>,
     /// Workers wait here for claims.
     pub(super) work_cv: Condvar,
@@ -380,6 +484,11 @@ impl PgStore {
         self.fetch_cv.notify_one();
     }
 
+    /// The queues lane `lane` claims from; `None` for every queue (a pool without lanes).
+    pub(super) fn lane_queues(&self, lane: usize) -> Option<&Vec<String>> {
+        self.lane_queues.get(lane)
+    }
+
     pub(super) fn count(&self, f: impl FnOnce(&mut Totals)) {
         f(&mut self.local.lock().totals);
     }
@@ -387,8 +496,11 @@ impl PgStore {
     /// Takes the claims waiting for a worker, to give them back: never started, so nothing
     /// runs for them here any more (and shutdown waits only for what runs).
     pub(super) fn take_held(&self, local: &mut Local) -> Vec<Claim> {
-        let held: Vec<Claim> = local.queue.drain(..).collect();
-        local.free += held.len();
+        let mut held = Vec::with_capacity(local.queue.len());
+        while let Some((lane, claim)) = local.queue.pop_front() {
+            local.lanes[lane].free += 1;
+            held.push(claim);
+        }
         for claim in &held {
             if let Some(seq) = super::rows::local_seq(self.queue, claim.id) {
                 local.running.remove(&seq);

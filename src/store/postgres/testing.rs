@@ -76,7 +76,29 @@ pub fn periodic(types: &[&str]) -> Vec<Periodic> {
                 Box::new(types.clone()),
                 Box::new(10_i64),
                 Box::new(lease_us),
-                Box::new(gated),
+                Box::new(gated.clone()),
+            ],
+        ),
+        // A lane of a queue with no row ready, beside a busy one.
+        p(
+            "lane claim",
+            super::dispatch::CLAIM_LANE,
+            vec![
+                Box::new(types.clone()),
+                Box::new(10_i64),
+                Box::new(lease_us),
+                Box::new(vec!["quiet".to_owned()]),
+            ],
+        ),
+        p(
+            "lane gated pick",
+            super::gates::PICK_LANE,
+            vec![
+                Box::new(types.clone()),
+                Box::new(10_i64),
+                Box::new(lease_us),
+                Box::new(gated.clone()),
+                Box::new(vec!["quiet".to_owned()]),
             ],
         ),
         p(

@@ -1,0 +1,52 @@
+//! Queues with workers of their own: [`Builder::queue`], and the lanes of workers it makes.
+//!
+//! The lanes themselves are made when the pool is built (`Registry::set_lanes`).
+//!
+//! A pool that names no queue has one set of workers serving every queue. Naming one gives the
+//! pool *lanes*: lane 0, the shared one, has the [`Builder::workers`] threads and serves every
+//! queue not named; each named queue has a lane of its own. The pool's threads are the sum. The
+//! stores keep each lane to its workers: the embedded store with a concurrency gate per lane
+//! (`store/memory/gate.rs`), the durable store by claiming for each lane only its queues' rows,
+//! as many as it has free workers (`store/postgres/dispatch.rs`).
+
+use super::builder::Builder;
+
+impl<S> Builder<S> {
+    /// Gives queue `name` `workers` threads of its own in this pool: at most `workers` of its
+    /// tasks run here at once, and they never wait for a worker busy with another queue, so one
+    /// slow queue cannot take every worker (River's `Queues: {name: MaxWorkers}`, Oban's
+    /// `queues: [name: limit]`). The pool's threads are these plus the
+    /// [`workers`](Builder::workers) shared by every queue not named here.
+    ///
+    /// With `workers(0)`, the pool serves only the queues named here: on the durable store,
+    /// the tasks of the other queues are left for the pools that serve them. A type this pool
+    /// runs whose queue then has no worker, a zero, a queue named twice or a bad name (1 to 63
+    /// ASCII letters, digits, `_`, `-`, `.`) makes [`build`](Builder::build) fail with
+    /// [`BuildError::InvalidSetting`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{Pool, TaskType, TypeOptions};
+    ///
+    /// const RESIZE: TaskType<u32, u32> = TaskType::new("resize");
+    /// const MAIL: TaskType<String, ()> = TaskType::new("mail");
+    ///
+    /// let pool = Pool::builder()
+    ///     .workers(2) // the shared workers: the "default" queue here
+    ///     .queue("mail", 1) // one thread of its own for the mail queue
+    ///     .register_with(MAIL, TypeOptions::new().queue("mail"), |_ctx, to: &String| {
+    ///         assert!(to.contains('@'));
+    ///         Ok(())
+    ///     })
+    ///     .register(RESIZE, |_ctx, width| Ok(width / 2))
+    ///     .build()?;
+    /// assert_eq!(pool.stats().workers, 3);
+    /// assert_eq!(pool.submit(RESIZE.task(640))?.wait().succeeded(), Some(320));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn queue(mut self, name: &'static str, workers: usize) -> Self {
+        self.queues.push((name, workers));
+        self
+    }
+}
