@@ -91,6 +91,7 @@ pub use model::error::{
 pub use model::error::{SchemaError, SucceedInError};
 pub use model::id::{ParseTaskIdError, TaskId};
 pub use model::pause::{DEFAULT_QUEUE, PauseError, PauseTarget, Paused};
+pub use model::queue_limit::{QueueLimit, QueueLimitError};
 pub use model::retry::{HandlerError, ResultExt, RetryPolicy};
 pub use model::schedule::{MAX_CATCH_UP, Missed, ScheduleInfo};
 pub use model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};

@@ -32,6 +32,12 @@ const HOLD: TaskType<u64, String> = TaskType::new("hold");
 const LIMITED: TaskType<u64, ()> = TaskType::new("limited");
 /// The concurrency limit of [`LIMITED`].
 const LIMIT: i64 = 3;
+/// In queue `metered`, whose fleet limit the chaos test sets to [`METERED_LIMIT`]; records its
+/// effect with how many of its queue's rows run at that moment. Half the worker processes give
+/// the queue a worker of its own (`TASQ_WORKER_LANE`), the others run it on their shared ones.
+const METERED: TaskType<u64, ()> = TaskType::new("metered");
+/// The fleet's limit on queue `metered`.
+const METERED_LIMIT: i64 = 2;
 /// Records its run in `runs` (its attempt, the attempts its context allows, and whether its
 /// lease was already lost as it started), then fails, to be retried 50 ms later: every task of
 /// it ends a dead letter once its attempts are used up. Each worker process registers it with
@@ -75,6 +81,12 @@ fn record(url: &str, tag: &str, task: u64, lease: Option<i64>) -> Result<(), Han
 fn record_limited(url: &str, tag: &str, task: u64, lease: Option<i64>) -> Result<(), HandlerError> {
     let sql = "INSERT INTO effects SELECT $1, $2, $3, (SELECT count(*) FROM tasq_tasks
                                                      WHERE type = 'limited' AND status = 'running')";
+    insert_effect(url, sql, tag, task, lease)
+}
+
+fn record_metered(url: &str, tag: &str, task: u64, lease: Option<i64>) -> Result<(), HandlerError> {
+    let sql = "INSERT INTO effects SELECT $1, $2, $3, (SELECT count(*) FROM tasq_tasks
+                                                     WHERE queue = 'metered' AND status = 'running')";
     insert_effect(url, sql, tag, task, lease)
 }
 
@@ -141,12 +153,19 @@ fn worker_process() {
     let (effect_url, effect_tag) = (url.clone(), tag.clone());
     let (hold_url, hold_tag) = (url.clone(), tag.clone());
     let (limited_url, limited_tag) = (url.clone(), tag.clone());
+    let (metered_url, metered_tag) = (url.clone(), tag.clone());
+    let lane = std::env::var_os("TASQ_WORKER_LANE").is_some();
     let (flaky_url, flaky_tag) = (url.clone(), tag.clone());
     let flaky_attempts: u32 = std::env::var("TASQ_WORKER_ATTEMPTS")
         .ok()
         .map_or(3, |n| n.parse().unwrap());
-    let pool = Pool::builder()
-        .postgres(url)
+    let builder = Pool::builder().postgres(url);
+    let builder = if lane {
+        builder.queue("metered", 1)
+    } else {
+        builder
+    };
+    let pool = builder
         .workers(workers)
         .prefetch(prefetch)
         .lease(lease)
@@ -166,6 +185,16 @@ fn worker_process() {
                     return Err(error.retry_after(Duration::from_millis(20)));
                 }
                 record_limited(&limited_url, &limited_tag, ctx.id().seq(), ctx.lease_id())?;
+                // Long enough for the runs of several processes to overlap.
+                std::thread::sleep(Duration::from_millis(2));
+                Ok::<_, HandlerError>(())
+            },
+        )
+        .register_with(
+            METERED,
+            TypeOptions::new().queue("metered"),
+            move |ctx, _: &u64| {
+                record_metered(&metered_url, &metered_tag, ctx.id().seq(), ctx.lease_id())?;
                 // Long enough for the runs of several processes to overlap.
                 std::thread::sleep(Duration::from_millis(2));
                 Ok::<_, HandlerError>(())
@@ -234,7 +263,7 @@ impl Worker {
         prefetch: usize,
         lease: Duration,
     ) -> Worker {
-        Worker::start_with(db, tag, threads, prefetch, lease, 3)
+        Worker::start_with(db, tag, threads, prefetch, lease, 3, false)
     }
 
     /// A worker process whose pool registers [`FLAKY`] with `attempts`.
@@ -245,18 +274,20 @@ impl Worker {
         prefetch: usize,
         lease: Duration,
         attempts: u32,
+        lane: bool,
     ) -> Worker {
-        let (child, stdin, lines) = support_proc::spawn(
-            "worker_process",
-            &[
-                ("TASQ_WORKER_URL", db.url.clone()),
-                ("TASQ_WORKER_TAG", tag.to_owned()),
-                ("TASQ_WORKER_THREADS", threads.to_string()),
-                ("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string()),
-                ("TASQ_WORKER_PREFETCH", prefetch.to_string()),
-                ("TASQ_WORKER_ATTEMPTS", attempts.to_string()),
-            ],
-        );
+        let mut env = vec![
+            ("TASQ_WORKER_URL", db.url.clone()),
+            ("TASQ_WORKER_TAG", tag.to_owned()),
+            ("TASQ_WORKER_THREADS", threads.to_string()),
+            ("TASQ_WORKER_LEASE_MS", lease.as_millis().to_string()),
+            ("TASQ_WORKER_PREFETCH", prefetch.to_string()),
+            ("TASQ_WORKER_ATTEMPTS", attempts.to_string()),
+        ];
+        if lane {
+            env.push(("TASQ_WORKER_LANE", "1".to_owned()));
+        }
+        let (child, stdin, lines) = support_proc::spawn("worker_process", &env);
         let worker = Worker {
             child,
             stdin,
@@ -420,6 +451,7 @@ fn producer(db: &TestDb) -> Pool {
         .declare(HOLD, TypeOptions::new())
         // The task's settings are the producer's: its attempts as the workers register them.
         .declare(LIMITED, TypeOptions::new().max_attempts(20))
+        .declare(METERED, TypeOptions::new().queue("metered"))
         .declare(FLAKY, TypeOptions::new().max_attempts(4))
         .build()
         .unwrap()
@@ -431,7 +463,9 @@ fn producer(db: &TestDb) -> Pool {
 /// completed its task. A tenth of the tasks are of a type limited to 3 running at once across
 /// the processes, whose downstream's breaker its failures open now and then (its probes die with
 /// their processes too): no run, and no look at the rows, ever sees more than 3 of its rows
-/// running.
+/// running. Another tenth are in queue `metered`, limited to 2 running across the fleet by the
+/// schema, which half the processes serve with a worker of its own and half on their shared
+/// workers: no run and no look ever sees more than 2 of its rows running.
 #[test]
 fn kill_9_chaos_loses_nothing() {
     let _fleet = one_fleet_at_a_time();
@@ -448,18 +482,31 @@ fn kill_9_chaos_loses_nothing() {
     let mut sql = db.client();
     sql.batch_execute(EFFECTS_TABLE).unwrap();
     let lease = Duration::from_secs(2);
-    let mut workers: Vec<Worker> = (0..6)
-        .map(|i| Worker::start(&db, &format!("w{i}"), 2, lease))
-        .collect();
+    let start = |i: usize, tag: &str| Worker::start_with(&db, tag, 2, 0, lease, 3, i % 2 == 1);
+    let mut workers: Vec<Worker> = (0..6).map(|i| start(i, &format!("w{i}"))).collect();
     let producer = producer(&db);
+    assert_eq!(
+        producer.set_queue_limit("metered", Some(METERED_LIMIT as u32)),
+        Ok(None)
+    );
     for chunk in (0..tasks).collect::<Vec<_>>().chunks(5_000) {
         let limited = |n: &&u64| **n % 10 == 9;
+        let metered = |n: &&u64| **n % 10 == 8;
         producer
             .submit_batch(
                 chunk
                     .iter()
-                    .filter(|n| !limited(n))
+                    .filter(|n| !limited(n) && !metered(n))
                     .map(|&n| EFFECT.task(n))
+                    .collect(),
+            )
+            .unwrap();
+        producer
+            .submit_batch(
+                chunk
+                    .iter()
+                    .filter(metered)
+                    .map(|&n| METERED.task(n))
                     .collect(),
             )
             .unwrap();
@@ -478,19 +525,21 @@ fn kill_9_chaos_loses_nothing() {
     let watcher = {
         let (stop, mut client) = (Arc::clone(&stop), db.client());
         std::thread::spawn(move || {
-            let mut most = 0;
+            let (mut most, mut most_metered) = (0, 0);
             while !stop.load(Ordering::SeqCst) {
-                let running: i64 = client
+                let row = client
                     .query_one(
-                        "SELECT count(*) FROM tasq_tasks WHERE type = 'limited' AND status = 'running'",
+                        "SELECT count(*) FILTER (WHERE type = 'limited'),
+                                count(*) FILTER (WHERE queue = 'metered')
+                         FROM tasq_tasks WHERE status = 'running'",
                         &[],
                     )
-                    .unwrap()
-                    .get(0);
-                most = most.max(running);
+                    .unwrap();
+                most = most.max(row.get::<_, i64>(0));
+                most_metered = most_metered.max(row.get::<_, i64>(1));
                 std::thread::sleep(Duration::from_millis(1));
             }
-            most
+            (most, most_metered)
         })
     };
     let mut rng = Rng(seed | 1);
@@ -514,7 +563,7 @@ fn kill_9_chaos_loses_nothing() {
         }
         let victim = rng.below(workers.len() as u64) as usize;
         let tag = format!("w{victim}-{kills}");
-        let dead = std::mem::replace(&mut workers[victim], Worker::start(&db, &tag, 2, lease));
+        let dead = std::mem::replace(&mut workers[victim], start(victim, &tag));
         dead.kill();
         kills += 1;
         if pause {
@@ -527,7 +576,7 @@ fn kill_9_chaos_loses_nothing() {
         let _ = worker.exit();
     }
     stop.store(true, Ordering::SeqCst);
-    let most_rows = watcher.join().unwrap();
+    let (most_rows, most_metered_rows) = watcher.join().unwrap();
 
     let count =
         |sql: &mut Client, query: &str| -> i64 { sql.query_one(query, &[]).unwrap().get(0) };
@@ -564,10 +613,17 @@ fn kill_9_chaos_loses_nothing() {
         "SELECT count(DISTINCT e.lease) FROM effects e JOIN tasq_tasks t ON t.id = e.task
          WHERE e.lease <> t.lease_id",
     );
-    let most_seen_by_runs = count(
-        &mut sql,
-        "SELECT COALESCE(max(running), 0) FROM effects WHERE running IS NOT NULL",
-    );
+    let most_seen_by = |sql: &mut Client, ty: &str| -> i64 {
+        sql.query_one(
+            "SELECT COALESCE(max(e.running), 0) FROM effects e JOIN tasq_tasks t ON t.id = e.task
+             WHERE t.type = $1",
+            &[&ty],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let most_seen_by_runs = most_seen_by(&mut sql, "limited");
+    let most_metered_by_runs = most_seen_by(&mut sql, "metered");
     // Runs of `effect` under a lease taken while a pause of it was in force.
     let claimed_while_paused: i64 = sql
         .query_one(
@@ -617,8 +673,9 @@ fn kill_9_chaos_loses_nothing() {
          while paused, {others_while_paused} of the other type), {duplicates} duplicate effects under \
          {duplicate_leases} leases that never completed, {lost} lost, {unexpected} unexpected, \
          {:.1} s; limited: at most {most_seen_by_runs} running seen by a run and {most_rows} by \
-         the watcher (limit {LIMIT}), {limited_retried} retried, breaker {breaker:?}; last \
-         ending per type: {}",
+         the watcher (limit {LIMIT}), {limited_retried} retried, breaker {breaker:?}; metered: at \
+         most {most_metered_by_runs} running seen by a run and {most_metered_rows} by the \
+         watcher (fleet limit {METERED_LIMIT}); last ending per type: {}",
         paused.0.len(),
         started.elapsed().as_secs_f64(),
         spans.join(", ")
@@ -649,6 +706,15 @@ fn kill_9_chaos_loses_nothing() {
          {most_rows} by the watcher"
     );
     assert!(most_seen_by_runs >= 1, "no limited task recorded its count");
+    assert!(
+        most_metered_by_runs <= METERED_LIMIT && most_metered_rows <= METERED_LIMIT,
+        "the queue limit of {METERED_LIMIT} was exceeded: {most_metered_by_runs} seen by a run, \
+         {most_metered_rows} by the watcher"
+    );
+    assert!(
+        most_metered_by_runs >= 1,
+        "no metered task recorded its count"
+    );
     producer.shutdown(Duration::from_secs(10));
     drop(db);
 }
@@ -904,7 +970,7 @@ fn a_fleet_built_differently_keeps_one_truth_through_kills_and_stops() {
     let prefetching = 2;
     let start = |i: usize, tag: &str| {
         let prefetch = if i == prefetching { 4 } else { 0 };
-        Worker::start_with(&db, tag, 2, prefetch, lease, registered[i])
+        Worker::start_with(&db, tag, 2, prefetch, lease, registered[i], i == 1)
     };
     let mut workers: Vec<Worker> = (0..3).map(|i| start(i, &format!("w{i}"))).collect();
     let flaky: Vec<(u64, Option<u32>)> = (0..600)

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use support_store::{GATE, Gate, Store, TestBuilder, assert_all_ran, finish, gate_handler};
 use tasq::{
-    BuildError, CancelOutcome, HandlerError, PauseTarget, TaskHandle, TaskState, TaskType,
-    TypeOptions,
+    BuildError, CancelOutcome, HandlerError, PauseTarget, QueueLimitError, TaskHandle, TaskState,
+    TaskType, TypeOptions,
 };
 
 /// In the default queue: runs on the shared workers.
@@ -166,6 +166,119 @@ conformance! {
                 send(fresh().workers(0)).try_build().err(),
                 Some(BuildError::ZeroWorkers)
             ));
+        }
+    }
+}
+
+/// Four shared workers and `GATE` in queue `reports` (no workers of its own).
+fn limited(builder: TestBuilder) -> TestBuilder {
+    builder
+        .workers(4)
+        .register_with(GATE, TypeOptions::new().queue("reports"), gate_handler)
+        .register(QUICK, |_, n: &u32| Ok::<_, HandlerError>(*n))
+}
+
+fn submit_gates(pool: &tasq::Pool, gates: &[Gate]) -> Vec<TaskHandle<()>> {
+    let submit = |gate: &Gate| pool.submit(GATE.task(gate.number())).unwrap();
+    gates.iter().map(submit).collect()
+}
+
+/// Runs quick tasks to their end: a free worker had every chance to start what it could.
+fn run_quick(pool: &tasq::Pool) {
+    let quick: Vec<_> = (0..8)
+        .map(|i| pool.submit(QUICK.task(i)).unwrap())
+        .collect();
+    assert_all_ran(&quick);
+}
+
+/// Queue limits (`Pool::set_queue_limit`).
+mod limits {
+    use super::*;
+
+    conformance! {
+        fn a_queue_limit_holds_what_it_cannot_start_until_raised(builder) {
+            let pool = limited(builder).build();
+            assert_eq!(pool.set_queue_limit("reports", Some(1)), Ok(None));
+            let gates: Vec<Gate> = (0..3).map(|_| Gate::new()).collect();
+            let reports = submit_gates(&pool, &gates);
+            gates[0].wait_started();
+            run_quick(&pool);
+            assert!(!gates[1].started() && !gates[2].started());
+            assert_eq!(reports[2].status(), TaskState::Ready);
+            let limits = pool.queue_limits().unwrap();
+            assert_eq!(limits.len(), 1);
+            assert_eq!((limits[0].queue.as_str(), limits[0].max_running), ("reports", 1));
+            // Raised: one more starts; lifted: the rest.
+            assert_eq!(pool.set_queue_limit("reports", Some(2)), Ok(Some(1)));
+            gates[1].wait_started();
+            run_quick(&pool);
+            assert!(!gates[2].started());
+            assert_eq!(pool.set_queue_limit("reports", None), Ok(Some(2)));
+            gates[2].wait_started();
+            assert_eq!(pool.queue_limits(), Ok(Vec::new()));
+            for gate in gates {
+                gate.open();
+            }
+            for handle in &reports {
+                assert_eq!(finish(handle).succeeded(), Some(()));
+            }
+            assert_eq!(pool.check_invariants(), Ok(()));
+        }
+
+        fn a_lowered_limit_lets_running_tasks_finish_and_starts_none_until_below(builder) {
+            let pool = limited(builder).build();
+            let gates: Vec<Gate> = (0..5).map(|_| Gate::new()).collect();
+            let first = submit_gates(&pool, &gates[..3]);
+            for gate in &gates[..3] {
+                gate.wait_started();
+            }
+            // Three run; the limit is one from now on.
+            assert_eq!(pool.set_queue_limit("reports", Some(1)), Ok(None));
+            let later = submit_gates(&pool, &gates[3..]);
+            run_quick(&pool);
+            assert!(!gates[3].started() && !gates[4].started());
+            let mut gates = gates.into_iter();
+            for _ in 0..2 {
+                gates.next().unwrap().open();
+            }
+            assert_eq!(finish(&first[1]).succeeded(), Some(()));
+            run_quick(&pool);
+            // One still runs: at the limit.
+            let (third, fourth, fifth) = (gates.next().unwrap(), gates.next().unwrap(), gates.next().unwrap());
+            assert!(!fourth.started() && !fifth.started());
+            third.open();
+            fourth.wait_started();
+            run_quick(&pool);
+            assert!(!fifth.started());
+            assert_eq!(later[1].status(), TaskState::Ready);
+            fourth.open();
+            fifth.wait_started();
+            fifth.open();
+            for handle in first.iter().chain(&later) {
+                assert_eq!(finish(handle).succeeded(), Some(()));
+            }
+            assert_eq!(pool.check_invariants(), Ok(()));
+        }
+
+        fn bad_queue_limits_are_typed_errors(builder) {
+            let store = builder.store();
+            let pool = limited(builder).build();
+            assert_eq!(
+                pool.set_queue_limit("reports", Some(0)),
+                Err(QueueLimitError::Zero("reports".to_owned()))
+            );
+            assert!(matches!(
+                pool.set_queue_limit("no spaces", Some(1)),
+                Err(QueueLimitError::InvalidName { .. })
+            ));
+            let elsewhere = pool.set_queue_limit("elsewhere", Some(1));
+            if store == Store::Memory {
+                assert_eq!(elsewhere, Err(QueueLimitError::Unknown("elsewhere".to_owned())));
+            } else {
+                // Another process of the fleet may serve it.
+                assert_eq!(elsewhere, Ok(None));
+            }
+            assert!(pool.queue_limits().unwrap().iter().all(|l| l.queue != "reports"));
         }
     }
 }

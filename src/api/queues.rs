@@ -1,4 +1,5 @@
-//! Queues with workers of their own: [`Builder::queue`], and the lanes of workers it makes.
+//! Queues with workers of their own ([`Builder::queue`]) and queue limits
+//! ([`Pool::set_queue_limit`]).
 //!
 //! The lanes themselves are made when the pool is built (`Registry::set_lanes`).
 //!
@@ -10,6 +11,8 @@
 //! as many as it has free workers (`store/postgres/dispatch.rs`).
 
 use super::builder::Builder;
+use crate::api::pool::Pool;
+use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 
 impl<S> Builder<S> {
     /// Gives queue `name` `workers` threads of its own in this pool: at most `workers` of its
@@ -48,5 +51,62 @@ impl<S> Builder<S> {
     pub fn queue(mut self, name: &'static str, workers: usize) -> Self {
         self.queues.push((name, workers));
         self
+    }
+}
+
+impl Pool {
+    /// Limits how many tasks of queue `queue` run at once, or lifts its limit (`None`); returns
+    /// the limit before. On the embedded store the limit is this pool's, and the queue must be
+    /// one of its types' ([`QueueLimitError::Unknown`] otherwise). On the durable store it is
+    /// the whole fleet's: kept in the database, obeyed by every process whatever it was built
+    /// with, and it survives restarts; any valid name is taken. Once this returns no new start
+    /// takes the queue past the limit (tasks running beyond a lowered one finish); a raised or
+    /// lifted one lets waiting tasks start at once (on the durable store, at each pool's next
+    /// claim).
+    ///
+    /// A zero is refused ([`QueueLimitError::Zero`]): [`pause`](Pool::pause) the queue instead.
+    /// A queue's workers of its own in a pool ([`Builder::queue`]) bound it in that pool too;
+    /// the lower of the two holds.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tasq::{HandlerError, Pool, TaskType, TypeOptions};
+    ///
+    /// const EXPORT: TaskType<u32, u32> = TaskType::new("export");
+    /// let pool = Pool::builder()
+    ///     .workers(4)
+    ///     .register_with(EXPORT, TypeOptions::new().queue("exports"), |_, n: &u32| {
+    ///         Ok::<_, HandlerError>(*n)
+    ///     })
+    ///     .build()?;
+    /// assert_eq!(pool.set_queue_limit("exports", Some(1))?, None);
+    /// let handles: Vec<_> = (0..3).map(|n| pool.submit(EXPORT.task(n))).collect::<Result<_, _>>()?;
+    /// for (n, handle) in handles.iter().enumerate() {
+    ///     assert_eq!(handle.wait().succeeded(), Some(n as u32)); // one at a time
+    /// }
+    /// assert_eq!(pool.set_queue_limit("exports", None)?, Some(1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_queue_limit(
+        &self,
+        queue: &str,
+        limit: Option<u32>,
+    ) -> Result<Option<u32>, QueueLimitError> {
+        crate::model::queue_limit::check(queue, limit)?;
+        self.store.set_queue_limit(queue, limit)
+    }
+
+    /// The queues' limits in force (on the durable store, the fleet's), by name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = tasq::Pool::builder().build()?;
+    /// assert!(pool.queue_limits()?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
+        self.store.queue_limits()
     }
 }

@@ -15,6 +15,7 @@ pub(crate) mod dead_letter;
 pub(crate) mod error;
 pub(crate) mod id;
 pub(crate) mod pause;
+pub(crate) mod queue_limit;
 pub(crate) mod retry;
 pub(crate) mod schedule;
 pub(crate) mod state;

@@ -22,6 +22,7 @@ use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
+use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
 use crate::model::task::{Dependency, Start};
@@ -173,6 +174,7 @@ pub(crate) struct Claim {
     pub(crate) lease: Option<i64>,
     /// The lane of workers it was claimed for, on a store that claims for each lane (the
     /// durable store, `postgres/store.rs`); 0 on the others.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) lane: u32,
     /// The task's own settings, fixed at submit; `None`: its type's, as this pool registered
     /// it (every task of the embedded store that set none of its own).
@@ -366,6 +368,20 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// The pauses in force, types first, then queues, each by name.
     fn paused(&self) -> Result<Vec<Paused>, PauseError>;
+
+    // ===== queue limits =====
+
+    /// Sets or lifts queue `queue`'s limit (checked by the caller); returns the one before.
+    /// Once this returns, no start takes the queue past it (tasks running beyond a lowered
+    /// limit finish).
+    fn set_queue_limit(
+        &self,
+        queue: &str,
+        limit: Option<u32>,
+    ) -> Result<Option<u32>, QueueLimitError>;
+
+    /// The queues' limits in force, by name.
+    fn queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError>;
 
     // ===== schedules =====
 

@@ -10,6 +10,13 @@
 //! a pool with a gated type, lanes, or aging takes the gated path of a claim (`State::gated`):
 //! an ungated pool pays one `bool` check per claim, nothing more.
 //!
+//! **Queue limits.** A queue may be limited at any time (`Pool::set_queue_limit`): a
+//! concurrency gate shared by its types, whose limit can change. Its running count starts when
+//! its first limit is set (read from the records then) and is kept from then on, limit or not,
+//! so lowering, raising or lifting it later needs no count. Raising or lifting it releases what
+//! it can; lowering it below what runs lets those finish and starts nothing new until the
+//! count is below the limit.
+//!
 //! **Lanes.** A pool that gives some queues workers of their own (`Builder::queue`) has a lane
 //! per such queue and a shared lane for the rest, each with a number of workers; the pool's
 //! threads are their sum. A lane's gate is a concurrency limit of its workers, shared by its
@@ -89,6 +96,8 @@ pub(crate) enum Gate {
     Paused(u32),
     /// The workers of lane `.0` (an index into `Registry::lanes`).
     Lane(u32),
+    /// The limit of queue `.0` (an index into `Gates::queues`).
+    Queue(u32),
 }
 
 impl Gate {
@@ -99,6 +108,7 @@ impl Gate {
             Gate::Rate(_) => GateKind::Rate,
             Gate::Paused(_) => GateKind::Paused,
             Gate::Lane(_) => GateKind::Lane,
+            Gate::Queue(_) => GateKind::Queue,
         }
     }
 }
@@ -149,6 +159,11 @@ struct TypeGates {
     downstream: Option<u32>,
     /// An index into `Gates::lanes`.
     lane: Option<u32>,
+    /// Its queue: an index into `Gates::queues`.
+    queue: u32,
+    /// Its queue counts its running tasks (it was limited once): its starts go through the
+    /// queue's gate.
+    queue_counted: bool,
     concurrency: Option<Concurrency>,
     rate: Option<Rate>,
     /// The type is paused, itself or through its queue: its tasks are held at `pause`.
@@ -162,9 +177,29 @@ impl TypeGates {
     fn is_gated(&self) -> bool {
         self.downstream.is_some()
             || self.lane.is_some()
+            || self.queue_counted
             || self.concurrency.is_some()
             || self.rate.is_some()
             || self.paused
+    }
+}
+
+/// A queue's limit: `limit: None` and `counted: false` until one is first set.
+struct QueueGate {
+    name: &'static str,
+    limit: Option<u32>,
+    /// Its types' running tasks, once `counted` (invariant 12).
+    running: u32,
+    counted: bool,
+    held: Held,
+}
+
+impl QueueGate {
+    fn capacity(&self) -> usize {
+        match self.limit {
+            Some(limit) if self.counted => limit.saturating_sub(self.running) as usize,
+            _ => usize::MAX,
+        }
     }
 }
 
@@ -182,6 +217,8 @@ pub(crate) struct Gates {
     /// The pool's lanes of workers, by lane index: each a concurrency limit of its workers,
     /// shared by its types (invariant 12).
     lanes: Vec<Concurrency>,
+    /// The queues of the pool's types, in the order first registered.
+    queues: Vec<QueueGate>,
     /// By downstream index, in registry order.
     breakers: Vec<BreakerGate>,
     /// Every gate there is, to scan for timers.
@@ -212,12 +249,29 @@ fn breaker_capacity(cell: &BreakerCell, settings: &Breaker, now: Instant) -> usi
 impl Gates {
     /// The gates of `registry`'s types, buckets full at `now` (the pool's start).
     pub(crate) fn new(registry: &Registry, now: Instant) -> Self {
+        let mut queues: Vec<QueueGate> = Vec::new();
+        for entry in registry.entries() {
+            if !queues.iter().any(|q| q.name == entry.queue) {
+                queues.push(QueueGate {
+                    name: entry.queue,
+                    limit: None,
+                    running: 0,
+                    counted: false,
+                    held: Held::new(),
+                });
+            }
+        }
         let types: Vec<TypeGates> = registry
             .entries()
             .iter()
             .map(|entry| TypeGates {
                 downstream: entry.downstream,
                 lane: entry.lane,
+                queue: queues
+                    .iter()
+                    .position(|q| q.name == entry.queue)
+                    .expect("every type's queue was listed") as u32,
+                queue_counted: false,
                 concurrency: entry.concurrency.map(|limit| Concurrency {
                     limit,
                     running: 0,
@@ -253,6 +307,7 @@ impl Gates {
             .collect();
         let mut all: Vec<Gate> = (0..breakers.len() as u32).map(Gate::Breaker).collect();
         all.extend((0..lanes.len() as u32).map(Gate::Lane));
+        all.extend((0..queues.len() as u32).map(Gate::Queue));
         for (index, gates) in types.iter().enumerate() {
             let index = index as u32;
             if gates.concurrency.is_some() {
@@ -266,6 +321,7 @@ impl Gates {
         Gates {
             types,
             lanes,
+            queues,
             breakers,
             all,
             held: 0,
@@ -300,6 +356,7 @@ impl Gates {
                     .lane
                     .expect("a task held by a lane has one"),
             ),
+            GateKind::Queue => Gate::Queue(self.types[type_index as usize].queue),
         }
     }
 
@@ -322,6 +379,7 @@ impl Gates {
             }
             Gate::Paused(t) => &self.types[t as usize].pause,
             Gate::Lane(l) => &self.lanes[l as usize].held,
+            Gate::Queue(q) => &self.queues[q as usize].held,
         }
     }
 
@@ -338,6 +396,7 @@ impl Gates {
             }
             Gate::Paused(t) => &mut self.types[t as usize].pause,
             Gate::Lane(l) => &mut self.lanes[l as usize].held,
+            Gate::Queue(q) => &mut self.queues[q as usize].held,
         }
     }
 
@@ -345,8 +404,8 @@ impl Gates {
 
     /// Whether every gate of `type_index` lets a task start at `now`. If so, the task has
     /// started: it took the breaker's probe (if half-open), a concurrency slot, a worker of its
-    /// lane and a token. If not, the first gate found closed, in the order pause, breaker,
-    /// concurrency, lane, rate;
+    /// lane, a slot of its queue's limit and a token. If not, the first gate found closed, in
+    /// the order pause, breaker, concurrency, lane, queue, rate;
     /// nothing was taken. A breaker that lets a probe through emits its change (invariant 14).
     pub(crate) fn admit(
         &mut self,
@@ -376,6 +435,9 @@ impl Gates {
                 return Err(GateKind::Lane);
             }
         }
+        if gates.queue_counted && self.queues[gates.queue as usize].capacity() == 0 {
+            return Err(GateKind::Queue);
+        }
         if let Some(rate) = &mut gates.rate {
             if rate.bucket.next_start(&rate.limit, now) > now {
                 return Err(GateKind::Rate);
@@ -403,6 +465,10 @@ impl Gates {
             // Keeps invariant 12 for the lane.
             self.lanes[lane as usize].running += 1;
         }
+        if gates.queue_counted {
+            // Keeps invariant 12 for the queue.
+            self.queues[gates.queue as usize].running += 1;
+        }
         if let Some(rate) = &mut gates.rate {
             let took = rate.bucket.try_take(&rate.limit, now);
             debug_assert!(took, "the bucket said it held a start");
@@ -419,9 +485,9 @@ impl Gates {
         verdict: Verdict,
         now: Instant,
         events: &Events,
-    ) -> [Option<Gate>; 3] {
+    ) -> [Option<Gate>; 4] {
         let gates = &mut self.types[type_index as usize];
-        let mut opened = [None, None, None];
+        let mut opened = [None, None, None, None];
         if let Some(limit) = &mut gates.concurrency {
             // Keeps invariant 12.
             limit.running -= 1;
@@ -430,6 +496,10 @@ impl Gates {
         if let Some(lane) = gates.lane {
             self.lanes[lane as usize].running -= 1;
             opened[2] = Some(Gate::Lane(lane));
+        }
+        if gates.queue_counted {
+            self.queues[gates.queue as usize].running -= 1;
+            opened[3] = Some(Gate::Queue(gates.queue));
         }
         if let Some(d) = gates.downstream {
             let breaker = &mut self.breakers[d as usize];
@@ -487,6 +557,7 @@ impl Gates {
                 let lane = &self.lanes[l as usize];
                 lane.limit.saturating_sub(lane.running) as usize
             }
+            Gate::Queue(q) => self.queues[q as usize].capacity(),
             Gate::Rate(t) => {
                 let rate = self.types[t as usize].rate.as_ref();
                 let rate = rate.expect("a rate gate has a limit");
@@ -556,7 +627,7 @@ impl Gates {
             && match gate {
                 Gate::Rate(_) => true,
                 Gate::Breaker(d) => self.breakers[d as usize].cell.state == BreakerState::Open,
-                Gate::Concurrency(_) | Gate::Paused(_) | Gate::Lane(_) => false,
+                Gate::Concurrency(_) | Gate::Paused(_) | Gate::Lane(_) | Gate::Queue(_) => false,
             }
     }
 
@@ -574,7 +645,7 @@ impl Gates {
                 let breaker = &self.breakers[d as usize];
                 breaker.cell.reopens_at(&breaker.settings)
             }
-            Gate::Concurrency(_) | Gate::Paused(_) | Gate::Lane(_) => None,
+            Gate::Concurrency(_) | Gate::Paused(_) | Gate::Lane(_) | Gate::Queue(_) => None,
         }
     }
 
@@ -636,6 +707,55 @@ impl Gates {
         changed
     }
 
+    // ===== queue limits =====
+
+    /// The index of queue `name`, if a type of the pool is in it.
+    pub(crate) fn queue_index(&self, name: &str) -> Option<u32> {
+        self.queues
+            .iter()
+            .position(|q| q.name == name)
+            .map(|q| q as u32)
+    }
+
+    /// Whether queue `queue` counts its running tasks.
+    pub(crate) fn is_counted(&self, queue: u32) -> bool {
+        self.queues[queue as usize].counted
+    }
+
+    /// Whether type `type_index` is in queue `queue`.
+    pub(crate) fn in_queue(&self, type_index: u32, queue: u32) -> bool {
+        self.types[type_index as usize].queue == queue
+    }
+
+    /// Queue `queue` counts its running tasks from now on, `running` of them now.
+    pub(crate) fn start_counting(&mut self, queue: u32, running: u32) {
+        let gate = &mut self.queues[queue as usize];
+        gate.counted = true;
+        gate.running = running;
+        for gates in &mut self.types {
+            if gates.queue == queue {
+                gates.queue_counted = true;
+            }
+        }
+    }
+
+    /// Sets queue `queue`'s limit (it counts its running tasks); returns the one before. The
+    /// caller releases the gate.
+    pub(crate) fn set_queue_limit(&mut self, queue: u32, limit: Option<u32>) -> Option<u32> {
+        std::mem::replace(&mut self.queues[queue as usize].limit, limit)
+    }
+
+    /// The queues' limits in force, by name.
+    pub(crate) fn queue_limits(&self) -> Vec<(&'static str, u32)> {
+        let mut limits: Vec<(&'static str, u32)> = self
+            .queues
+            .iter()
+            .filter_map(|q| q.limit.map(|limit| (q.name, limit)))
+            .collect();
+        limits.sort_unstable();
+        limits
+    }
+
     // ===== reading =====
 
     /// Each breaker's state, in registry order.
@@ -669,6 +789,7 @@ impl Gates {
         let mut released = vec![0usize; self.all.len()];
         let mut running = vec![0u32; self.types.len()];
         let mut lane_running = vec![0u32; self.lanes.len()];
+        let mut queue_running = vec![0u32; self.queues.len()];
         let position = |gate: Gate| self.all.iter().position(|&g| g == gate);
         for (&seq, record) in records {
             if record.state == TaskState::Running {
@@ -680,6 +801,10 @@ impl Gates {
                     .get(record.type_index as usize)
                     .and_then(|g| g.lane);
                 if let Some(n) = lane.and_then(|lane| lane_running.get_mut(lane as usize)) {
+                    *n += 1;
+                }
+                let queue = self.types.get(record.type_index as usize).map(|g| g.queue);
+                if let Some(n) = queue.and_then(|q| queue_running.get_mut(q as usize)) {
                     *n += 1;
                 }
             }
@@ -700,6 +825,7 @@ impl Gates {
                 GateKind::Concurrency => g.concurrency.is_some(),
                 GateKind::Rate => g.rate.is_some(),
                 GateKind::Lane => g.lane.is_some(),
+                GateKind::Queue => g.queue_counted,
                 // Invariant 16: held at a pause only while paused; never released from one.
                 GateKind::Paused => g.paused && matches!(record.gating, Gating::Held(_)),
             });
@@ -732,6 +858,18 @@ impl Gates {
                     format!(
                         "lane {index} counts {} running of {} workers, the records {}",
                         lane.running, lane.limit, lane_running[index]
+                    ),
+                ));
+            }
+        }
+        for (index, queue) in self.queues.iter().enumerate() {
+            // A limit lowered below what runs lets those finish: the count may be above it.
+            if queue.counted && queue.running != queue_running[index] {
+                return Err((
+                    12,
+                    format!(
+                        "queue {} counts {} running, the records {}",
+                        queue.name, queue.running, queue_running[index]
                     ),
                 ));
             }
@@ -781,6 +919,7 @@ impl Gates {
                         let lane = &self.lanes[l as usize];
                         lane.running >= lane.limit
                     }
+                    Gate::Queue(q) => self.queues[q as usize].capacity() == 0,
                     Gate::Breaker(d) => {
                         let cell = &self.breakers[d as usize].cell;
                         cell.state == BreakerState::Open

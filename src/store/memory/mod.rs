@@ -92,6 +92,7 @@ mod intake;
 mod invariants;
 mod pause;
 mod queue;
+mod queue_limits;
 mod reads;
 mod record;
 mod retention;

@@ -132,6 +132,8 @@ pub(crate) enum GateKind {
     Paused,
     /// Every worker of the type's lane runs a task.
     Lane,
+    /// The type's queue runs as many tasks as its limit.
+    Queue,
 }
 
 /// Where a ready task stands with its gates: what tells the queue it is in, and which count to

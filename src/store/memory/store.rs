@@ -19,6 +19,7 @@ use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
+use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, CancelReason, TaskState};
 use crate::observe::events::Events;
@@ -600,6 +601,18 @@ impl Store for MemoryStore {
         let mut paused = self.lock().paused();
         paused.extend(self.schedules.paused());
         Ok(paused)
+    }
+
+    fn set_queue_limit(
+        &self,
+        queue: &str,
+        limit: Option<u32>,
+    ) -> Result<Option<u32>, QueueLimitError> {
+        self.transition(|state, now, effects| state.set_queue_limit(queue, limit, now, effects))
+    }
+
+    fn queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
+        Ok(self.lock().queue_limits())
     }
 
     fn register_schedules(&self, schedules: &[ScheduleDef]) -> Result<(), String> {

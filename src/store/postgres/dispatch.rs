@@ -4,9 +4,12 @@
 use std::any::Any;
 use std::time::{Duration, Instant};
 
+use postgres::Row;
+use postgres::types::ToSql;
 use serde_json::Value;
 
 use super::conn::Sql;
+use super::queue_limits::{Pick, Room, SOON};
 use super::rows;
 use super::store::PgStore;
 use super::submit::notify;
@@ -60,6 +63,9 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
         };
         // Before the claim, so that it sees the priorities aged to the pool's clock.
         super::gating::age_if_due(store, true);
+        store.refresh_limited();
+        // Each claim of the round says when a gate or a limited queue's row may let it claim.
+        store.local.lock().gate_wake = None;
         for (lane, wanted) in wanted {
             match claim_batch(store, lane, wanted) {
                 Ok(claimed) => {
@@ -85,7 +91,14 @@ pub(super) fn fetch_loop(store: &Arc<PgStore>) {
 
 /// The claim's text, with a lane's filter or none.
 macro_rules! claim_statement {
+    // Passes over the limited queues' rows (claimed only under their rows' locks).
     ($lane:literal) => {
+        claim_statement!(
+            $lane,
+            "AND (queue || '') <> ALL((SELECT limited FROM paused)::TEXT[])"
+        )
+    };
+    ($lane:literal, $limited:literal) => {
         concat!(
             "
     WITH paused AS MATERIALIZED (SELECT * FROM tasq_paused()),
@@ -98,7 +111,9 @@ macro_rules! claim_statement {
           -- the table, `column <> <unknown>` is estimated to keep no row, and the plan turns
           -- to a sequential scan and a sort (128 ms instead of 0.3 at 300,000 rows).
           AND (type || '') <> ALL((SELECT types FROM paused)::TEXT[])
-          AND (queue || '') <> ALL((SELECT queues FROM paused)::TEXT[])
+          AND (queue || '') <> ALL((SELECT queues FROM paused)::TEXT[]) ",
+            $limited,
+            "
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -128,34 +143,87 @@ pub(crate) const CLAIM: &str = claim_statement!("");
 /// `$4` only (through `tasq_queue_dequeue`).
 pub(crate) const CLAIM_LANE: &str = claim_statement!("AND queue = ANY($4)");
 
-/// Claims up to `wanted` tasks for lane `lane` and queues them for its workers; returns how
-/// many it claimed.
-fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize, String> {
-    // Each claim's lease is timed from before its statement is sent (see `Held::valid_until`).
-    let requested = Instant::now();
-    let queues = store.lane_queues(lane);
-    let rows = match &store.gates {
-        None => {
-            let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
-            let lease_us = rows::micros(store.lease);
-            store.with_conn(|c| match queues {
-                None => c.query(CLAIM, &[&store.types, &limit, &lease_us]),
-                Some(queues) => c.query(CLAIM_LANE, &[&store.types, &limit, &lease_us, &queues]),
-            })?
-        }
+/// The claim of a limited queue's rows (`queue_limits.rs`): as [`CLAIM_LANE`], of the limited
+/// queue `$4` (one), in the transaction that holds its row's lock.
+pub(crate) const CLAIM_LIMITED: &str = claim_statement!("AND queue = ANY($4)", "");
+
+/// Claims up to `wanted` rows from what `pick` names, through the gates if the pool has any;
+/// `true` with them if a limited queue's row was another claimer's.
+fn claim_rows(store: &PgStore, pick: Pick<'_>, wanted: usize) -> Result<(Vec<Row>, bool), String> {
+    let limit = i64::try_from(wanted).unwrap_or(i64::MAX);
+    let lease_us = rows::micros(store.lease);
+    let (rows, wake, busy) = match &store.gates {
+        None => store.with_conn(|c| {
+            let queues = pick.queues();
+            match pick {
+                Pick::Every => Ok((
+                    c.query(CLAIM, &[&store.types, &limit, &lease_us])?,
+                    None,
+                    false,
+                )),
+                Pick::Lane(_) => Ok((
+                    c.query(CLAIM_LANE, &[&store.types, &limit, &lease_us, &queues])?,
+                    None,
+                    false,
+                )),
+                Pick::Limited(queue) => {
+                    let mut tx = c.transaction()?;
+                    let (rows, busy) = match super::queue_limits::room(&mut tx, queue)? {
+                        Room::Busy => (Vec::new(), true),
+                        Room::Rows(0) => (Vec::new(), false),
+                        Room::Rows(room) => {
+                            let limit = i64::try_from(room.min(wanted)).unwrap_or(i64::MAX);
+                            let params: [&(dyn ToSql + Sync); 4] =
+                                [&store.types, &limit, &lease_us, &queues];
+                            (tx.query(CLAIM_LIMITED, &params)?, false)
+                        }
+                    };
+                    tx.commit()?;
+                    Ok((rows, busy.then(|| Instant::now() + SOON), busy))
+                }
+            }
+        })?,
         Some(gates) => {
-            let claim = super::gating::claim(store, gates, wanted, queues)?;
+            let claim = super::gating::claim(store, gates, wanted, pick)?;
             // Reported once: this claim's transaction made the change, and it committed.
             for (downstream, state) in claim.changes {
                 store.events.emit(Event::Breaker { downstream, state });
             }
             let manual = store.clock.manual_offset().is_some();
-            let mut local = store.local.lock();
-            local.gate_wake = claim.hold.wake_at(manual);
-            drop(local);
-            claim.rows
+            let wake = claim.hold.wake_at(manual);
+            let soon = claim.queue_busy.then(|| Instant::now() + SOON);
+            (
+                claim.rows,
+                wake.into_iter().chain(soon).min(),
+                claim.queue_busy,
+            )
         }
     };
+    if let Some(at) = wake {
+        let mut local = store.local.lock();
+        local.gate_wake = Some(local.gate_wake.map_or(at, |before| before.min(at)));
+    }
+    Ok((rows, busy))
+}
+
+/// Claims up to `wanted` tasks for lane `lane` and queues them for its workers; returns how
+/// many it claimed.
+fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize, String> {
+    // Each claim's lease is timed from before its statement is sent (see `Held::valid_until`).
+    let requested = Instant::now();
+    let (mut rows, _) = claim_rows(store, Pick::of(store.lane_queues(lane)), wanted)?;
+    // Then the limited queues, each in its own turn (see `queue_limits.rs`).
+    for queue in store.limited_for(lane) {
+        if rows.len() >= wanted {
+            break;
+        }
+        let asked = wanted - rows.len();
+        let (more, busy) = claim_rows(store, Pick::Limited(&queue), asked)?;
+        if more.len() < asked && !busy {
+            store.limited_idle(queue);
+        }
+        rows.extend(more);
+    }
     let mut claimed: Vec<(i16, std::time::SystemTime, Claim)> = Vec::with_capacity(rows.len());
     let mut bad = Vec::new();
     // Every row claimed, as this pool holds it until it ends.
@@ -457,12 +525,16 @@ impl PgStore {
         // Only this lease's entry: a retry due at once may already have been claimed again by
         // this pool's fetcher, under a new lease whose entry must stay (its heartbeat, its
         // cancels, its type).
-        if local
-            .running
-            .get(&seq)
-            .is_some_and(|held| held.lease == lease)
-        {
-            local.running.remove(&seq);
+        if let Some(held) = local.running.get(&seq) {
+            let type_index = held.type_index;
+            if held.lease == lease {
+                local.running.remove(&seq);
+            }
+            if !local.limited_idle.is_empty() {
+                // Its queue may have room again (see `queue_limits.rs`).
+                let queue = self.registry.entry(type_index).queue;
+                local.limited_idle.retain(|(idle, _)| idle != queue);
+            }
         }
         local.run_ended(lane);
         local.wake = true;

@@ -84,7 +84,14 @@ use crate::store::registry::Registry;
 
 /// The pick's text, with a lane's filter or none.
 macro_rules! pick_statement {
+    // Passes over the limited queues' rows (claimed only under their rows' locks).
     ($lane:literal) => {
+        pick_statement!(
+            $lane,
+            "AND (queue || '') <> ALL((SELECT limited FROM paused)::TEXT[])"
+        )
+    };
+    ($lane:literal, $limited:literal) => {
         concat!(
             "
     WITH paused AS MATERIALIZED (SELECT * FROM tasq_paused()),
@@ -97,7 +104,9 @@ macro_rules! pick_statement {
           -- the table, `column <> <unknown>` is estimated to keep no row, and the plan turns
           -- to a sequential scan and a sort (128 ms instead of 0.3 at 300,000 rows).
           AND (type || '') <> ALL((SELECT types FROM paused)::TEXT[])
-          AND (queue || '') <> ALL((SELECT queues FROM paused)::TEXT[])
+          AND (queue || '') <> ALL((SELECT queues FROM paused)::TEXT[]) ",
+            $limited,
+            "
         ORDER BY priority DESC, run_at, id
         LIMIT $2
         FOR UPDATE SKIP LOCKED
@@ -127,6 +136,10 @@ pub(crate) const PICK: &str = pick_statement!("");
 /// The pick of a lane of workers (`Builder::queue`): as [`PICK`], of the rows in the queues
 /// `$5` only.
 pub(crate) const PICK_LANE: &str = pick_statement!("AND queue = ANY($5)");
+
+/// The pick of a limited queue's rows (`queue_limits.rs`): as [`PICK_LANE`], of the limited
+/// queue `$5` (one), in the transaction that holds its row's lock.
+pub(crate) const PICK_LIMITED: &str = pick_statement!("AND queue = ANY($5)", "");
 
 /// Locks the gate rows of the types `$1` and of the downstreams `$2` that are not closed, passing
 /// over the rows another transaction holds (see the design note).
@@ -384,6 +397,8 @@ pub(super) struct GatedClaim {
     pub(super) rows: Vec<Row>,
     pub(super) changes: Vec<(&'static str, BreakerState)>,
     pub(super) hold: Hold,
+    /// A limited queue's row was another claimer's: nothing of it was claimed.
+    pub(super) queue_busy: bool,
 }
 
 /// What a type may still start in this claim.

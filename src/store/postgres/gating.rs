@@ -7,25 +7,38 @@ use postgres::Row;
 
 use super::conn::Sql;
 use super::gates::{
-    AGE, Allowances, CLAIM_KEPT, FAILED, GatedClaim, Gates, PICK, PICK_LANE, READ, SUCCEEDED,
-    refilled,
+    AGE, Allowances, CLAIM_KEPT, FAILED, GatedClaim, Gates, PICK, PICK_LANE, PICK_LIMITED, READ,
+    SUCCEEDED, refilled,
 };
+use super::queue_limits::{Pick, Room};
 use super::rows;
 use super::store::PgStore;
 use crate::gates::breaker::{BreakerState, Verdict};
 use crate::observe::event::Event;
 
 /// Claims up to `wanted` rows for a pool with gates, in one transaction (see the design note).
-/// For a lane of workers, only rows of the queues `lane`.
+/// Only rows of what `pick` names (a limited queue's, within its room).
 pub(super) fn claim(
     store: &PgStore,
     gates: &Gates,
     wanted: usize,
-    lane: Option<&Vec<String>>,
+    pick: Pick<'_>,
 ) -> Result<GatedClaim, String> {
     let lease_us = rows::micros(store.lease);
+    let queues = pick.queues();
     store.with_conn(|c| {
         let mut tx = c.transaction()?;
+        let mut queue_busy = false;
+        let wanted = match pick {
+            Pick::Limited(queue) => match super::queue_limits::room(&mut tx, queue)? {
+                Room::Busy => {
+                    queue_busy = true;
+                    0
+                }
+                Room::Rows(room) => room.min(wanted),
+            },
+            Pick::Every | Pick::Lane(_) => wanted,
+        };
         let mut allow = Allowances::new(gates);
         let mut claimed: Vec<Row> = Vec::new();
         loop {
@@ -41,11 +54,15 @@ pub(super) fn claim(
                 break;
             }
             let limit = i64::try_from(want).unwrap_or(i64::MAX);
-            let picked = match lane {
-                None => tx.query(PICK, &[&types, &limit, &lease_us, &gates.gated])?,
-                Some(queues) => tx.query(
+            let picked = match pick {
+                Pick::Every => tx.query(PICK, &[&types, &limit, &lease_us, &gates.gated])?,
+                Pick::Lane(_) => tx.query(
                     PICK_LANE,
-                    &[&types, &limit, &lease_us, &gates.gated, queues],
+                    &[&types, &limit, &lease_us, &gates.gated, &queues],
+                )?,
+                Pick::Limited(_) => tx.query(
+                    PICK_LIMITED,
+                    &[&types, &limit, &lease_us, &gates.gated, &queues],
                 )?,
             };
             let full = picked.len() == want;
@@ -114,6 +131,7 @@ pub(super) fn claim(
             rows: claimed,
             changes,
             hold: std::mem::take(&mut allow.hold),
+            queue_busy,
         })
     })
 }

@@ -90,6 +90,7 @@ mod notifier;
 mod pause;
 mod policy;
 mod publish;
+mod queue_limits;
 mod resubmit;
 mod rows;
 mod schedules;

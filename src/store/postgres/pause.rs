@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::conn::Sql;
-use super::store::{PgStore, host_name};
+use super::store::PgStore;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
 
 /// How long one try of a pause waits for the claims in flight to end. Claims queue behind a
@@ -20,7 +20,28 @@ impl PgStore {
     /// Pauses `target` for the fleet (see [`Store::pause`](crate::store::Store::pause)).
     pub(super) fn pause_fleet(&self, target: &PauseTarget) -> Result<bool, PauseError> {
         target.check()?;
-        let holder = format!("{}@{}", std::process::id(), host_name());
+        let holder = self.holder();
+        self.under_fence(&target.to_string(), |tx| {
+            let added = tx.execute(
+                "INSERT INTO tasq_pauses (kind, name, paused_at, paused_by)
+                 VALUES ($1, $2, tasq_now(), $3) ON CONFLICT DO NOTHING",
+                &[&target.kind(), &target.name(), &holder],
+            )?;
+            Ok(added == 1)
+        })
+        .map_err(PauseError::Store)
+    }
+
+    /// Runs `change` (of what `what` names) in a transaction that holds the pause fence
+    /// exclusively, and commits it: every claim that read the pauses and limits without this
+    /// change has committed before `change` runs, and every later one waits for its commit.
+    /// The fence is waited for briefly and tried again, so that a claim transaction held open
+    /// (its process stopped mid-claim) holds off such changes, not the fleet's claims.
+    pub(super) fn under_fence<R>(
+        &self,
+        what: &str,
+        mut change: impl FnMut(&mut super::conn::Tx<'_>) -> Result<R, postgres::Error>,
+    ) -> Result<R, String> {
         for attempt in 1..=FENCE_TRIES {
             let result = self.with_conn(|client| {
                 let mut tx = client.transaction()?;
@@ -32,28 +53,22 @@ impl PgStore {
                     }
                     Err(e) => return Err(e),
                 }
-                // Every claim that read the pauses without this one has committed: none of
-                // them is in flight any more, and every later one waits for this commit.
-                let added = tx.execute(
-                    "INSERT INTO tasq_pauses (kind, name, paused_at, paused_by)
-                     VALUES ($1, $2, tasq_now(), $3) ON CONFLICT DO NOTHING",
-                    &[&target.kind(), &target.name(), &holder.as_str()],
-                )?;
+                let done = change(&mut tx)?;
                 tx.commit()?;
-                Ok(Some(added == 1))
+                Ok(Some(done))
             });
             match result {
-                Ok(Some(added)) => return Ok(added),
+                Ok(Some(done)) => return Ok(done),
                 Ok(None) => {
                     std::thread::sleep(Duration::from_millis(u64::from(attempt.min(10)) * 10))
                 }
-                Err(e) => return Err(PauseError::Store(e)),
+                Err(e) => return Err(e),
             }
         }
-        Err(PauseError::Store(format!(
-            "{target} could not be paused: claims held the pause fence through {FENCE_TRIES} tries \
-             (a claim transaction left open?)"
-        )))
+        Err(format!(
+            "{what} could not be changed: claims held the pause fence through {FENCE_TRIES} \
+             tries (a claim transaction left open?)"
+        ))
     }
 
     /// Resumes `target` for the fleet, and tells every pool to look for work.

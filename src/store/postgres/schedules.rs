@@ -24,7 +24,7 @@
 use std::time::SystemTime;
 
 use super::conn::{Sql, Tx};
-use super::store::{PgStore, host_name};
+use super::store::PgStore;
 use super::submit::{due_now, insert_task, notify};
 use crate::model::schedule::{self, ScheduleInfo, Spec};
 use crate::observe::event::Event;
@@ -52,14 +52,14 @@ impl PgStore {
     /// with its watermark at the database's now: no slot before a definition's first
     /// registration runs. A row that exists is left alone (not even locked: a tick may hold it).
     pub(super) fn register_schedules_in_fleet(&self, defs: &[ScheduleDef]) -> Result<(), String> {
-        let holder = format!("{}@{}", std::process::id(), host_name());
+        let holder = self.holder();
         self.with_conn(|client| {
             for def in defs {
                 client.execute(
                     "INSERT INTO tasq_schedules (name, definition, spec, watermark, seen_at, seen_by)
                      VALUES ($1, $2, $3, tasq_now(), tasq_now(), $4)
                      ON CONFLICT (name, definition) DO NOTHING",
-                    &[&def.name, &definition(def).as_str(), &def.spec.definition().as_str(), &holder.as_str()],
+                    &[&def.name, &definition(def).as_str(), &def.spec.definition().as_str(), &holder],
                 )?;
             }
             Ok(())
@@ -69,7 +69,7 @@ impl PgStore {
     /// One tick of `def` (see the module docs).
     pub(super) fn tick_fleet_schedule(&self, def: &ScheduleDef) -> Result<Tick, String> {
         let text = definition(def);
-        let holder = format!("{}@{}", std::process::id(), host_name());
+        let holder = self.holder();
         // The tasks the committed tick added (cleared by each attempt).
         let mut added: Vec<i64> = Vec::new();
         let tick = self.with_conn(|client| {
@@ -87,7 +87,7 @@ impl PgStore {
                 tx.execute(
                     "INSERT INTO tasq_schedules (name, definition, spec, watermark, seen_at, seen_by)
                      VALUES ($1, $2, $3, tasq_now(), tasq_now(), $4) ON CONFLICT DO NOTHING",
-                    &[&def.name, &text.as_str(), &def.spec.definition().as_str(), &holder.as_str()],
+                    &[&def.name, &text.as_str(), &def.spec.definition().as_str(), &holder],
                 )?;
                 let now: SystemTime = tx.query_one("SELECT tasq_now()", &[])?.get(0);
                 tx.commit()?;
@@ -117,7 +117,7 @@ impl PgStore {
                 tx.execute(
                     "UPDATE tasq_schedules SET seen_at = tasq_now(), seen_by = $3
                      WHERE name = $1 AND definition = $2",
-                    &[&def.name, &text.as_str(), &holder.as_str()],
+                    &[&def.name, &text.as_str(), &holder],
                 )?;
                 tx.commit()?;
                 return Ok(Tick {
@@ -156,7 +156,7 @@ impl PgStore {
             tx.execute(
                 "UPDATE tasq_schedules SET watermark = $3, seen_at = tasq_now(), seen_by = $4
                  WHERE name = $1 AND definition = $2",
-                &[&def.name, &text.as_str(), &due.watermark, &holder.as_str()],
+                &[&def.name, &text.as_str(), &due.watermark, &holder],
             )?;
             tx.commit()?;
             Ok(Tick {

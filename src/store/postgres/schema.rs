@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 7;
+pub(crate) const VERSION: i32 = 8;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 7] = [V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: [&str; 8] = [V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -286,6 +286,40 @@ CREATE TABLE IF NOT EXISTS tasq_schedule_slots (
 const V7: &str = "
 CREATE INDEX tasq_queue_dequeue ON tasq_tasks (queue, priority DESC, run_at, id)
 WHERE status = 'ready';
+";
+
+/// Version 8: queue limits for the whole fleet (`Pool::set_queue_limit`, `queue_limits.rs`).
+///
+/// * `tasq_queues`: one row per limited queue, with its limit: a setting of the schema, never
+///   of a process, so every pool obeys the same one. A pool claims a limited queue's rows only
+///   under its row's lock, after counting its running rows (`tasq_running_queues`).
+/// * `tasq_paused()` also returns the limited queues, read after the pause fence: the claims
+///   that do not take a queue's lock pass its rows over, and setting a limit takes the fence
+///   as a pause does, so once it returns no claim that could not see it is in flight.
+const V8: &str = "
+CREATE TABLE IF NOT EXISTS tasq_queues (
+    name        TEXT PRIMARY KEY,
+    max_running INT NOT NULL CHECK (max_running > 0),
+    set_at      TIMESTAMPTZ NOT NULL,
+    set_by      TEXT NOT NULL
+);
+
+CREATE INDEX tasq_running_queues ON tasq_tasks (queue) WHERE status = 'running';
+
+DROP FUNCTION tasq_paused();
+
+CREATE FUNCTION tasq_paused(OUT types TEXT[], OUT queues TEXT[], OUT schedules TEXT[],
+                            OUT limited TEXT[])
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(tasq_pause_fence());
+    SELECT COALESCE(array_agg(name) FILTER (WHERE kind = 'type'), '{}'),
+           COALESCE(array_agg(name) FILTER (WHERE kind = 'queue'), '{}'),
+           COALESCE(array_agg(name) FILTER (WHERE kind = 'schedule'), '{}')
+    INTO types, queues, schedules FROM tasq_pauses;
+    SELECT COALESCE(array_agg(name), '{}') INTO limited FROM tasq_queues;
+END
+$$;
 ";
 
 /// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL

@@ -17,6 +17,7 @@ use crate::model::dead_letter::DeadLetter;
 use crate::model::error::{CancelError, ResubmitError, SubmitErrorKind, WaitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
+use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, TaskState};
 use crate::observe::metrics::RunEnd;
@@ -449,6 +450,18 @@ impl Store for PgStore {
 
     fn paused(&self) -> Result<Vec<Paused>, PauseError> {
         self.fleet_pauses()
+    }
+
+    fn set_queue_limit(
+        &self,
+        queue: &str,
+        limit: Option<u32>,
+    ) -> Result<Option<u32>, QueueLimitError> {
+        self.set_fleet_queue_limit(queue, limit)
+    }
+
+    fn queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
+        self.fleet_queue_limits()
     }
 
     fn register_schedules(&self, schedules: &[ScheduleDef]) -> Result<(), String> {

@@ -91,6 +91,12 @@ impl PgStore {
             .map(|entry| entry.name.to_owned())
             .collect();
         let gates = super::gates::Gates::new(&registry);
+        let mut known_queues: Vec<String> = Vec::new();
+        for entry in registry.entries().iter().filter(|entry| entry.runs_here) {
+            if !known_queues.iter().any(|q| q == entry.queue) {
+                known_queues.push(entry.queue.to_owned());
+            }
+        }
         // A lane per named queue, and the shared one (`api/queues.rs`); one lane of every
         // worker and every queue if no queue is named.
         let lanes: Vec<Lane> = if registry.lanes.is_empty() {
@@ -116,12 +122,17 @@ impl PgStore {
             manual_base_us,
             prefetch,
             types,
+            holder,
+            known_queues,
             lane_queues,
             local: Mutex::new(Local {
                 queue: VecDeque::new(),
                 running: HashMap::new(),
                 // A pool without workers claims nothing, prefetch or not.
                 lanes,
+                limited: Vec::new(),
+                limited_read: None,
+                limited_idle: Vec::new(),
                 wake: true,
                 closed: false,
                 stopping: false,

@@ -95,6 +95,12 @@ pub(super) struct Local {
     pub(super) running: HashMap<i64, Held>,
     /// The lanes of workers, by index (one for a pool without lanes).
     pub(super) lanes: Vec<Lane>,
+    /// The limited queues, as last read (`queue_limits.rs`), and when.
+    pub(super) limited: Vec<String>,
+    pub(super) limited_read: Option<Instant>,
+    /// Limited queues whose last claim came back short (at their limit, or nothing ready),
+    /// not claimed from again until the instant, new work, or a run of theirs ends here.
+    pub(super) limited_idle: Vec<(String, Instant)>,
     /// The fetcher should claim now (a notification, a local submit, a finished task).
     pub(super) wake: bool,
     /// Closed to new tasks: the fetcher stops claiming.
@@ -216,6 +222,10 @@ pub(crate) struct PgStore {
     pub(super) prefetch: usize,
     /// The names of the types this pool runs (it claims no other).
     pub(super) types: Vec<String>,
+    /// This pool's name in the schema's records: `pid@host`.
+    pub(super) holder: String,
+    /// The queues of the types this pool runs, as it registered them.
+    pub(super) known_queues: Vec<String>,
     /// The queues of each lane of workers (`Local::lanes`), if the pool has lanes; empty if
     /// its workers serve every queue.
     pub(super) lane_queues: Vec<Vec<String>>,
@@ -481,7 +491,13 @@ impl PgStore {
     pub(super) fn wake_fetcher(&self) {
         let mut local = self.local.lock();
         local.wake = true;
+        local.limited_idle.clear();
         self.fetch_cv.notify_one();
+    }
+
+    /// This pool's name in the schema's records (`pid@host`).
+    pub(super) fn holder(&self) -> &str {
+        &self.holder
     }
 
     /// The queues lane `lane` claims from; `None` for every queue (a pool without lanes).

@@ -102,6 +102,21 @@ pub fn periodic(types: &[&str]) -> Vec<Periodic> {
             ],
         ),
         p(
+            "limited claim",
+            super::dispatch::CLAIM_LIMITED,
+            vec![
+                Box::new(types.clone()),
+                Box::new(10_i64),
+                Box::new(lease_us),
+                Box::new(vec!["quiet".to_owned()]),
+            ],
+        ),
+        p(
+            "limited queue's running rows",
+            super::queue_limits::RUNNING,
+            vec![Box::new("default".to_owned())],
+        ),
+        p(
             "aging update",
             AGE,
             vec![

@@ -1,0 +1,218 @@
+//! Queue limits for the whole fleet: the rows of `tasq_queues`, changed under the pause fence,
+//! and the claim of a limited queue's rows under its row's lock (schema version 8).
+//!
+//! # Design
+//!
+//! A limit is a row of the schema, so every process obeys the same one whatever it was built
+//! with. Every claim reads the limited queues after the pause fence (`tasq_paused()`) and passes
+//! their rows over; a limited queue's rows are claimed only by a claim of their own
+//! ([`Pick::Limited`]), in a transaction that
+//!
+//! 1. takes the pause fence shared (first: a change of limits takes it exclusively and then the
+//!    row, so both take them in the same order and never wait for each other in a circle);
+//! 2. locks the queue's row, `SKIP LOCKED`: a claimer that finds it taken tries again a moment
+//!    later ([`SOON`]) instead of waiting, so one stalled claimer (a process stopped mid-claim)
+//!    holds back that queue only;
+//! 3. counts the queue's running rows in a new statement, whose snapshot sees what the row's
+//!    last holder committed (a row whose lease expired counts until the reaper takes it back);
+//! 4. claims at most the limit minus that count, and commits.
+//!
+//! So at no moment do more than the limit of a queue's rows run, across the fleet, except
+//! those running when a lower limit was set (they finish). A setting's change takes the fence
+//! exclusively: once it returns, every claim that could not see it has committed. A raised or
+//! lifted limit notifies the fleet; pools learn which queues are limited from their claims'
+//! own reading, and refresh the list they claim limited queues from every [`REFRESH`] (a
+//! queue limited since waits that long at most; it is never over-claimed meanwhile).
+//!
+//! A limited queue's rows are claimed in their own turn after the pool's other claims, best
+//! first within the queue: priorities order tasks within a limited queue, not across it and
+//! the others.
+
+use std::time::{Duration, Instant};
+
+use super::conn::Sql;
+use super::store::PgStore;
+use crate::model::queue_limit::{QueueLimit, QueueLimitError};
+
+/// A limited queue `$1`'s running rows (through `tasq_running_queues`).
+pub(super) const RUNNING: &str =
+    "SELECT count(*) FROM tasq_tasks WHERE status = 'running' AND queue = $1";
+
+/// How often a pool reads which queues are limited.
+pub(super) const REFRESH: Duration = Duration::from_secs(1);
+
+/// How long a claimer that found a limited queue's row locked waits before trying again.
+pub(super) const SOON: Duration = Duration::from_millis(20);
+
+/// What a claim takes rows from.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Pick<'a> {
+    /// Every queue that is not limited (a pool without lanes).
+    Every,
+    /// The queues of a lane, those not limited.
+    Lane(&'a [String]),
+    /// One limited queue, under its row's lock.
+    Limited(&'a str),
+}
+
+impl<'a> Pick<'a> {
+    /// The pick of a lane's queues, or of every queue for a pool without lanes.
+    pub(super) fn of(lane: Option<&'a Vec<String>>) -> Pick<'a> {
+        lane.map_or(Pick::Every, |queues| Pick::Lane(queues))
+    }
+
+    /// The queues a statement's lane parameter takes (none for `Every`).
+    pub(super) fn queues(self) -> Option<Vec<String>> {
+        match self {
+            Pick::Every => None,
+            Pick::Lane(queues) => Some(queues.to_vec()),
+            Pick::Limited(queue) => Some(vec![queue.to_owned()]),
+        }
+    }
+}
+
+/// How many rows a limited queue's claim may take.
+pub(super) enum Room {
+    /// Its row is another claimer's now: try again [`SOON`].
+    Busy,
+    /// Its limit minus its running rows (zero at or over the limit, or if the limit is gone:
+    /// then the ordinary claims take its rows).
+    Rows(usize),
+}
+
+/// Steps 1 to 3 of the design note, in `tx`, for queue `queue`.
+pub(super) fn room(tx: &mut impl Sql, queue: &str) -> Result<Room, postgres::Error> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock_shared(tasq_pause_fence())",
+        &[],
+    )?;
+    let Some(row) = tx.query_opt(
+        "SELECT max_running FROM tasq_queues WHERE name = $1 FOR UPDATE SKIP LOCKED",
+        &[&queue],
+    )?
+    else {
+        let exists = tx.query_opt("SELECT 1 FROM tasq_queues WHERE name = $1", &[&queue])?;
+        return Ok(if exists.is_some() {
+            Room::Busy
+        } else {
+            Room::Rows(0)
+        });
+    };
+    let limit: i32 = row.get(0);
+    let running: i64 = tx.query_one(RUNNING, &[&queue])?.get(0);
+    let room = i64::from(limit).saturating_sub(running).max(0);
+    Ok(Room::Rows(usize::try_from(room).unwrap_or(0)))
+}
+
+impl PgStore {
+    /// Sets or lifts queue `queue`'s limit for the fleet (see
+    /// [`Store::set_queue_limit`](crate::store::Store::set_queue_limit)).
+    pub(super) fn set_fleet_queue_limit(
+        &self,
+        queue: &str,
+        limit: Option<u32>,
+    ) -> Result<Option<u32>, QueueLimitError> {
+        let limit = limit.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+        let holder = self.holder();
+        let before = self
+            .under_fence(&format!("the limit of queue {queue}"), |tx| {
+                let before: Option<i32> = tx
+                    .query_opt(
+                        "SELECT max_running FROM tasq_queues WHERE name = $1 FOR UPDATE",
+                        &[&queue],
+                    )?
+                    .map(|row| row.get(0));
+                match limit {
+                    Some(limit) => tx.execute(
+                        "INSERT INTO tasq_queues (name, max_running, set_at, set_by)
+                         VALUES ($1, $2, tasq_now(), $3)
+                         ON CONFLICT (name) DO UPDATE
+                         SET max_running = EXCLUDED.max_running, set_at = EXCLUDED.set_at,
+                             set_by = EXCLUDED.set_by",
+                        &[&queue, &limit, &holder],
+                    )?,
+                    None => tx.execute("DELETE FROM tasq_queues WHERE name = $1", &[&queue])?,
+                };
+                let raised = match (before, limit) {
+                    (Some(_), None) => true,
+                    (Some(before), Some(limit)) => limit > before,
+                    (None, _) => false,
+                };
+                if raised {
+                    // A hint: a pool that misses it claims at its next poll.
+                    super::submit::notify(tx, "ready")?;
+                }
+                Ok(before)
+            })
+            .map_err(QueueLimitError::Store)?;
+        self.local.lock().limited_read = None;
+        Ok(before.map(|n| u32::try_from(n).unwrap_or(0)))
+    }
+
+    /// The fleet's queue limits, by name.
+    pub(super) fn fleet_queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
+        let rows = self
+            .with_conn(|client| {
+                client.query(
+                    "SELECT name, max_running FROM tasq_queues ORDER BY name",
+                    &[],
+                )
+            })
+            .map_err(QueueLimitError::Store)?;
+        Ok(rows
+            .iter()
+            .map(|row| QueueLimit {
+                queue: row.get(0),
+                max_running: u32::try_from(row.get::<_, i32>(1)).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// Reads which queues are limited if the list is older than [`REFRESH`] (a pool that
+    /// cannot read it keeps the list it has: the ordinary claims pass limited queues over
+    /// whatever it holds).
+    pub(super) fn refresh_limited(&self) {
+        let due = self
+            .local
+            .lock()
+            .limited_read
+            .is_none_or(|at| at.elapsed() >= REFRESH);
+        if !due {
+            return;
+        }
+        let read = self
+            .with_conn(|client| client.query("SELECT name FROM tasq_queues ORDER BY name", &[]));
+        if let Ok(rows) = read {
+            let names: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+            let mut local = self.local.lock();
+            local.limited = names;
+            local.limited_read = Some(Instant::now());
+        }
+    }
+
+    /// The limited queues lane `lane` claims from: those of its queues (of the pool's types'
+    /// queues, for a pool without lanes) that the last reading found limited, but not those
+    /// idle (see [`limited_idle`](PgStore::limited_idle)).
+    pub(super) fn limited_for(&self, lane: usize) -> Vec<String> {
+        let served = self.lane_queues(lane).unwrap_or(&self.known_queues);
+        let mut local = self.local.lock();
+        let now = Instant::now();
+        local.limited_idle.retain(|&(_, until)| until > now);
+        let local = &*local;
+        let idle = |q: &String| local.limited_idle.iter().any(|(idle, _)| idle == q);
+        let limited = local.limited.iter();
+        limited
+            .filter(|q| served.contains(q) && !idle(q))
+            .cloned()
+            .collect()
+    }
+
+    /// A claim of limited queue `queue` came back short: it is at its limit or has nothing
+    /// ready. The fetcher does not claim from it again until new work is announced (a local
+    /// submit, a notification), one of its runs ends here, or a poll interval passes: without
+    /// this, every fetch of a busy pool would open a transaction for a queue that cannot give.
+    pub(super) fn limited_idle(&self, queue: String) {
+        let until = Instant::now() + self.poll_interval;
+        self.local.lock().limited_idle.push((queue, until));
+    }
+}
