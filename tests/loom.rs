@@ -492,6 +492,35 @@ fn a_task_held_by_its_lane_starts_when_the_lane_s_worker_frees() {
     });
 }
 
+/// 14c. A queue limit lifted while a worker holds a task back at it (or is about to): the lift
+/// releases the held task and wakes a worker for it, whichever worker is asleep by then.
+#[test]
+fn a_task_held_by_a_queue_limit_starts_when_the_limit_is_lifted() {
+    model(|| {
+        let pool = Arc::new(
+            Pool::builder()
+                .workers(2)
+                .seed(1)
+                .manual_clock(ManualClock::new())
+                .register(JOB, |_, n: &u32| Ok::<_, HandlerError>(*n))
+                .build()
+                .unwrap(),
+        );
+        assert_eq!(pool.set_queue_limit(tasq::DEFAULT_QUEUE, Some(1)), Ok(None));
+        let first = pool.submit(JOB.task(1)).unwrap();
+        let second = pool.submit(JOB.task(2)).unwrap();
+        let lifter = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.set_queue_limit(tasq::DEFAULT_QUEUE, None))
+        };
+        assert_eq!(first.wait(), Outcome::Succeeded(1));
+        assert_eq!(second.wait(), Outcome::Succeeded(2));
+        assert_eq!(lifter.join().unwrap(), Ok(Some(1)));
+        assert_eq!(pool.check_invariants(), Ok(()));
+        pool.shutdown(Duration::from_secs(1));
+    });
+}
+
 // ===== the intake (src/store/memory/intake.rs) =====
 //
 // Every model above submits through the intake too: 1 races a submit with the worker going to

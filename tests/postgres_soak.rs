@@ -106,6 +106,10 @@ const DOWNSTREAM: &str = "pg-soak-downstream";
 const BREAKER: Breaker = Breaker::new(3, Duration::from_millis(80));
 /// LIMITED's concurrency limit, across both pools.
 const LIMIT: u32 = 3;
+/// The fleet's limit on queue `slow` (`Pool::set_queue_limit`), set as the run starts. Pool A
+/// also serves the queue with a worker of its own (`Builder::queue`); pool B registers its
+/// types in the default queue and must still obey the limit (the rows keep `slow`).
+const SLOW_LIMIT: u32 = 2;
 /// RATED's rate: tight enough that its batches (up to six tasks) and its retries meet it.
 const RATE: RateLimit = RateLimit::per_second(60.0).with_burst(4);
 /// How far RATED's starts on pool B may exceed the rate: they lag their claims, which the bucket
@@ -400,6 +404,10 @@ struct Recorder {
     /// LIMITED's handlers running now, in both pools, and the most ever seen at once.
     limited_now: AtomicUsize,
     limited_most: AtomicUsize,
+    /// Handlers of queue `slow` (as the rows have it) running now, in both pools, and the most
+    /// ever seen at once.
+    slow_now: AtomicUsize,
+    slow_most: AtomicUsize,
     /// Every event a pool's hook heard: the pool, the event, the tick it was heard at.
     events: Mutex<Vec<(&'static str, Event, u64)>>,
     /// Per type (`Ty as usize`): a pause covers it now (set once `pause` returned, cleared
@@ -431,6 +439,27 @@ fn run_job(rec: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError
         let now = rec.limited_now.fetch_add(1, Ordering::SeqCst) + 1;
         rec.limited_most.fetch_max(now, Ordering::SeqCst);
     }
+    let slow = job.ty.queue() == "slow";
+    if slow {
+        let now = rec.slow_now.fetch_add(1, Ordering::SeqCst) + 1;
+        rec.slow_most.fetch_max(now, Ordering::SeqCst);
+    }
+    // Counted out however the handler ends (some panic).
+    let _out = slow.then(|| Uncount(&rec.slow_now));
+    run_counted(rec, ctx, job)
+}
+
+/// Counts a running handler out when dropped.
+struct Uncount<'a>(&'a AtomicUsize);
+
+impl Drop for Uncount<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn run_counted(rec: &Recorder, ctx: &Context, job: &Job) -> Result<u64, HandlerError> {
+    let limited = job.ty == Ty::Limited;
     if rec.paused[job.ty as usize].load(Ordering::SeqCst) {
         rec.started_paused.fetch_add(1, Ordering::SeqCst);
         let before = rec.pause_lease.load(Ordering::SeqCst);
@@ -580,8 +609,13 @@ fn build_pool(
     name: &'static str,
 ) -> Pool {
     let hook_rec = Arc::clone(rec);
-    let mut builder = Pool::builder()
-        .postgres(url.to_owned())
+    let builder = Pool::builder().postgres(url.to_owned());
+    // Pool A serves queue `slow` with a worker of its own, out of its `workers`.
+    let (builder, workers) = match role {
+        Role::A => (builder.queue("slow", 1), workers - 1),
+        Role::Producer | Role::B => (builder, workers),
+    };
+    let mut builder = builder
         .workers(workers)
         .prefetch(prefetch)
         .lease(LEASE)
@@ -1432,6 +1466,7 @@ fn durable_soak() {
         "pg-soak-a",
     );
     let pool_b = build_pool(&db.url, (Role::B, WORKERS_B, 0), &rec, &hooks, "pg-soak-b");
+    assert_eq!(producer.set_queue_limit("slow", Some(SLOW_LIMIT)), Ok(None));
     let cx = Cx {
         producer: &producer,
         a: &pool_a,
@@ -2159,6 +2194,17 @@ fn check_mitigations(
     did.push(format!(
         "LIMITED: {} runs, at most {counted} at once (limit {limit}), {lost} lost leases",
         limited.len()
+    ));
+
+    // ----- queue `slow`: never more than the fleet's limit at once, across both pools -----
+    let slow_most = rec.slow_most.load(Ordering::SeqCst);
+    f.check(
+        slow_most <= SLOW_LIMIT as usize,
+        "queue slow ran more than its fleet limit at once",
+        || format!("{slow_most} at once (limit {SLOW_LIMIT})"),
+    );
+    did.push(format!(
+        "queue slow: at most {slow_most} at once (fleet limit {SLOW_LIMIT})"
     ));
 
     // ----- RATED: at most burst + rate × t starts over any stretch t -----

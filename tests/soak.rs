@@ -144,6 +144,10 @@ const ONCE_ATTEMPTS: u32 = 1;
 const GUARDED: TaskType<Job, u64> = TaskType::new("soak-guarded");
 const GUARDED_ATTEMPTS: u32 = 4;
 const GUARDED_LIMIT: u32 = 3;
+/// The workers of queue `slow`'s own lane (`Builder::queue`), out of the pool's.
+const SLOW_WORKERS: usize = 1;
+/// The limit on queue `metered` (`Pool::set_queue_limit`), set as the pool starts.
+const METERED_LIMIT: u32 = 2;
 /// At most [`LIMITED_LIMIT`] at once.
 const LIMITED: TaskType<Job, u64> = TaskType::new("soak-limited");
 const LIMITED_LIMIT: u32 = 2;
@@ -316,11 +320,22 @@ impl Ty {
         (self == Ty::Timed).then_some(TIMEOUT)
     }
 
-    /// Its queue: `slow` for the patient and once-only types, else the default one.
+    /// Its queue: `slow` for the patient and once-only types (a worker of their own), `metered`
+    /// for the rated one (limited to [`METERED_LIMIT`] at once), else the default one.
     fn queue(self) -> &'static str {
         match self {
             Ty::Patient | Ty::Once => "slow",
+            Ty::Rated => "metered",
             _ => tasq::DEFAULT_QUEUE,
+        }
+    }
+
+    /// Its queue's index in `Recorder::queue_running`, for the queues with a bound.
+    fn bounded_queue(self) -> Option<usize> {
+        match self.queue() {
+            "slow" => Some(0),
+            "metered" => Some(1),
+            _ => None,
         }
     }
 
@@ -539,6 +554,10 @@ struct Recorder {
     /// Per type (`Ty::index`): handlers running now, the most ever at once, handler runs.
     running: [AtomicU32; Ty::ALL.len()],
     most: [AtomicU32; Ty::ALL.len()],
+    /// Handlers running, and the most at once, of queue `slow` (its lane of [`SLOW_WORKERS`])
+    /// and of queue `metered` (its limit of [`METERED_LIMIT`]).
+    queue_running: [AtomicU32; 2],
+    queue_most: [AtomicU32; 2],
     type_runs: [AtomicU64; Ty::ALL.len()],
     /// When each rated handler started, on the pool's clock.
     rated_starts: Mutex<Vec<Instant>>,
@@ -554,11 +573,14 @@ struct Recorder {
 }
 
 /// Counts a handler of a type as running until dropped (a panicking one too).
-struct RunningGuard<'a>(&'a AtomicU32);
+struct RunningGuard<'a>(&'a AtomicU32, Option<&'a AtomicU32>);
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+        if let Some(queue) = self.1 {
+            queue.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -579,6 +601,8 @@ impl Recorder {
             wrong_limit_examples: Mutex::new(Vec::new()),
             paused: Default::default(),
             started_paused: Default::default(),
+            queue_running: Default::default(),
+            queue_most: Default::default(),
         }
     }
 
@@ -597,7 +621,12 @@ impl Recorder {
         self.type_runs[index].fetch_add(1, Ordering::Relaxed);
         let now = self.running[index].fetch_add(1, Ordering::SeqCst) + 1;
         self.most[index].fetch_max(now, Ordering::SeqCst);
-        RunningGuard(&self.running[index])
+        let queue = ty.bounded_queue().map(|q| {
+            let now = self.queue_running[q].fetch_add(1, Ordering::SeqCst) + 1;
+            self.queue_most[q].fetch_max(now, Ordering::SeqCst);
+            &self.queue_running[q]
+        });
+        RunningGuard(&self.running[index], queue)
     }
 
     /// A run starts (at `at` on the pool's clock); returns the outages of the task's runs
@@ -2768,7 +2797,9 @@ fn run(cfg: Config) {
     let pool_slot: Arc<OnceLock<Weak<Pool>>> = Arc::new(OnceLock::new());
 
     let mut builder = Pool::builder()
-        .workers(cfg.workers)
+        // The threads stay `cfg.workers`: one of them is the slow queue's own.
+        .workers(cfg.workers - SLOW_WORKERS)
+        .queue("slow", SLOW_WORKERS)
         .thread_name(cfg.thread_name)
         .seed(cfg.seed)
         .retry_policy(POOL_RETRY)
@@ -2814,6 +2845,10 @@ fn run(cfg: Config) {
         builder = builder.register_with(ty.task_type(), ty.options(), handler(&recorder));
     }
     let pool = Arc::new(builder.build().expect("the pool builds"));
+    assert_eq!(
+        pool.set_queue_limit("metered", Some(METERED_LIMIT)),
+        Ok(None)
+    );
     pool_slot
         .set(Arc::downgrade(&pool))
         .expect("the slot is set once");
@@ -3652,6 +3687,20 @@ fn check_mitigations(
     stats: Option<&tasq::Stats>,
     (timeouts_needed, late_successes): (u64, u64),
 ) -> String {
+    // The queues' bounds: the slow queue's lane, the metered queue's limit.
+    let mut most_queued = Vec::new();
+    for (q, name, bound) in [
+        (0, "slow", SLOW_WORKERS as u32),
+        (1, "metered", METERED_LIMIT),
+    ] {
+        let seen = recorder.queue_most[q].load(Ordering::SeqCst);
+        most_queued.push(format!("{name} {seen}/{bound}"));
+        if seen > bound {
+            findings.add("more tasks of a queue ran at once than its bound", || {
+                format!("{seen} of queue {name} at once, bound {bound}")
+            });
+        }
+    }
     // Concurrency: the handlers' own count never passed the limit.
     let mut most = Vec::new();
     for ty in Ty::ALL {
@@ -3907,7 +3956,7 @@ fn check_mitigations(
     }
 
     format!(
-        "mitigations: most at once {most:?}; rated {} starts, worst window {worst:.1} over \
+        "mitigations: most at once {most:?}, queues {most_queued:?}; rated {} starts, worst window {worst:.1} over \
          rate × length (burst {RATED_BURST}); breaker {breaker_changes:?}; {} stuck; alerts \
          {raised} raised, {cleared} cleared; {dead_events} dead-letter events; {} hook \
          callbacks; timed out {timed_out} (outcomes need {timeouts_needed}), {late_successes} \

@@ -190,11 +190,13 @@ impl PgStore {
         }
     }
 
-    /// The limited queues lane `lane` claims from: those of its queues (of the pool's types'
-    /// queues, for a pool without lanes) that the last reading found limited, but not those
-    /// idle (see [`limited_idle`](PgStore::limited_idle)).
+    /// The limited queues lane `lane` claims from: those the last reading found limited (of
+    /// the lane's queues, for a pool with lanes; all of them for a pool without, which serves
+    /// every queue: a row keeps the queue it was submitted with, which may not be the one this
+    /// pool registers its type in), but not those idle (see
+    /// [`limited_idle`](PgStore::limited_idle)).
     pub(super) fn limited_for(&self, lane: usize) -> Vec<String> {
-        let served = self.lane_queues(lane).unwrap_or(&self.known_queues);
+        let served = self.lane_queues(lane);
         let mut local = self.local.lock();
         let now = Instant::now();
         local.limited_idle.retain(|&(_, until)| until > now);
@@ -202,7 +204,7 @@ impl PgStore {
         let idle = |q: &String| local.limited_idle.iter().any(|(idle, _)| idle == q);
         let limited = local.limited.iter();
         limited
-            .filter(|q| served.contains(q) && !idle(q))
+            .filter(|q| served.is_none_or(|served| served.contains(q)) && !idle(q))
             .cloned()
             .collect()
     }

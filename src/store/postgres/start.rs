@@ -91,12 +91,6 @@ impl PgStore {
             .map(|entry| entry.name.to_owned())
             .collect();
         let gates = super::gates::Gates::new(&registry);
-        let mut known_queues: Vec<String> = Vec::new();
-        for entry in registry.entries().iter().filter(|entry| entry.runs_here) {
-            if !known_queues.iter().any(|q| q == entry.queue) {
-                known_queues.push(entry.queue.to_owned());
-            }
-        }
         // A lane per named queue, and the shared one (`api/queues.rs`); one lane of every
         // worker and every queue if no queue is named.
         let lanes: Vec<Lane> = if registry.lanes.is_empty() {
@@ -123,7 +117,6 @@ impl PgStore {
             prefetch,
             types,
             holder,
-            known_queues,
             lane_queues,
             local: Mutex::new(Local {
                 queue: VecDeque::new(),

@@ -224,8 +224,6 @@ pub(crate) struct PgStore {
     pub(super) types: Vec<String>,
     /// This pool's name in the schema's records: `pid@host`.
     pub(super) holder: String,
-    /// The queues of the types this pool runs, as it registered them.
-    pub(super) known_queues: Vec<String>,
     /// The queues of each lane of workers (`Local::lanes`), if the pool has lanes; empty if
     /// its workers serve every queue.
     pub(super) lane_queues: Vec<Vec<String>>,
