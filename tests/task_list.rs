@@ -232,11 +232,11 @@ fn a_durable_page_reads_an_index_not_the_table() {
             (Some(TaskState::Ready), true, &["tasq_states"]),
             (Some(TaskState::Failed), true, &["tasq_types"]),
             (None, true, &["tasq_types"]),
-            // The running rows, all of them (a few): either index of running rows.
+            // The running rows, all of them (a few): any index of running rows.
             (
                 Some(TaskState::Running),
                 false,
-                &["tasq_running", "tasq_leases"],
+                &["tasq_running", "tasq_leases", "tasq_running_queues"],
             ),
         ] {
             let plan = plan(&mut sql, state, by_type, generic);

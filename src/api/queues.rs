@@ -25,7 +25,7 @@ impl<S> Builder<S> {
     /// the tasks of the other queues are left for the pools that serve them. A type this pool
     /// runs whose queue then has no worker, a zero, a queue named twice or a bad name (1 to 63
     /// ASCII letters, digits, `_`, `-`, `.`) makes [`build`](Builder::build) fail with
-    /// [`BuildError::InvalidSetting`].
+    /// [`BuildError::InvalidSetting`](crate::BuildError::InvalidSetting).
     ///
     /// # Examples
     ///

@@ -247,6 +247,9 @@ CREATE OR REPLACE FUNCTION tasq_pause_fence() RETURNS BIGINT LANGUAGE sql STABLE
     SELECT (x'7461737100000000'::BIGINT) + 'tasq_pauses'::regclass::oid::BIGINT
 $$;
 
+-- A schema whose tables were dropped by hand keeps its functions: version 8's has other columns.
+DROP FUNCTION IF EXISTS tasq_paused();
+
 CREATE OR REPLACE FUNCTION tasq_paused(OUT types TEXT[], OUT queues TEXT[], OUT schedules TEXT[])
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
