@@ -525,17 +525,16 @@ impl PgStore {
         // Only this lease's entry: a retry due at once may already have been claimed again by
         // this pool's fetcher, under a new lease whose entry must stay (its heartbeat, its
         // cancels, its type).
-        if let Some(held) = local.running.get(&seq) {
-            let type_index = held.type_index;
-            if held.lease == lease {
-                local.running.remove(&seq);
-            }
-            if !local.limited_idle.is_empty() {
-                // Its queue may have room again (see `queue_limits.rs`).
-                let queue = self.registry.entry(type_index).queue;
-                local.limited_idle.retain(|(idle, _)| idle != queue);
-            }
+        if local
+            .running
+            .get(&seq)
+            .is_some_and(|held| held.lease == lease)
+        {
+            local.running.remove(&seq);
         }
+        // Its queue, if limited, may have room again (see `queue_limits.rs`). Every idle one is
+        // tried again: the row's queue may not be the one this pool registers its type in.
+        local.limited_idle.clear();
         local.run_ended(lane);
         local.wake = true;
         if local.wants_claim(self.prefetch) {

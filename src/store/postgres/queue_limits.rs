@@ -211,7 +211,8 @@ impl PgStore {
 
     /// A claim of limited queue `queue` came back short: it is at its limit or has nothing
     /// ready. The fetcher does not claim from it again until new work is announced (a local
-    /// submit, a notification), one of its runs ends here, or a poll interval passes: without
+    /// submit, a notification), a run ends here (the row's queue may not be the one this pool
+    /// registers its type in: any run), or a poll interval passes: without
     /// this, every fetch of a busy pool would open a transaction for a queue that cannot give.
     pub(super) fn limited_idle(&self, queue: String) {
         let until = Instant::now() + self.poll_interval;
