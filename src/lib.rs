@@ -106,8 +106,10 @@ pub use observe::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, Totals, Ty
 #[cfg(feature = "postgres")]
 pub mod postgres {
     pub use crate::store::postgres::{
-        Policy, Postgres, SCHEMA_VERSION, migrate, migrate_in, policy, policy_in, set_policy,
-        set_policy_in,
+        Admin, AdminError, BreakerOverview, BulkOutcome, COUNT_CAP, DeadFilter, Minute, Moment,
+        Overview, Policy, Postgres, QueueOverview, Related, Retried, SCAN, SCHEMA_VERSION,
+        StateCounts, TaskDetail, TaskPage, TaskQuery, TaskRow, TypeOverview, migrate, migrate_in,
+        policy, policy_in, set_policy, set_policy_in,
     };
 
     #[doc(hidden)]

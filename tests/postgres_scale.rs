@@ -17,6 +17,9 @@ use support_pg::TestDb;
 /// (10,000 and the dead letters' limit's few more) may read; the table holds 1,000,000.
 const READ_AT_MOST: f64 = 60_000.0;
 const SCAN_READS_AT_MOST: f64 = 12_000.0;
+/// The console's overview counts eight states, up to 10,000 rows each, and the last 15
+/// minutes' outcomes: this table fills five states and one minute past the cap.
+const CONSOLE_READS_AT_MOST: f64 = 120_000.0;
 
 /// Fills the schema as a queue in its steady state: 970,000 succeeded (a fortieth of them past
 /// the default day's retention, for the cleaner), 10,010 dead letters (10 past the limit of
@@ -85,7 +88,14 @@ fn periodic_queries_read_indexes_at_a_million_rows() {
     }
     sql.batch_execute(tasq::postgres::testing::SESSION).unwrap();
     let mut report = Vec::new();
-    for statement in tasq::postgres::testing::periodic(&["job", "gated"]) {
+    // The store's own statements, then the console's (issue 23: every page of the dashboard
+    // and the command reads a bounded number of rows, never the table).
+    let console = tasq::postgres::testing::console("job");
+    let console_names: Vec<&str> = console.iter().map(|s| s.name).collect();
+    for statement in tasq::postgres::testing::periodic(&["job", "gated"])
+        .into_iter()
+        .chain(console)
+    {
         let params: Vec<&(dyn ToSql + Sync)> =
             statement.params.iter().map(|p| p.as_ref()).collect();
         // Each run in a transaction that rolls back: the writers find the same rows each time.
@@ -136,7 +146,12 @@ fn periodic_queries_read_indexes_at_a_million_rows() {
             found
                 .iter()
                 .all(|(_, _, per_loop, _)| *per_loop <= SCAN_READS_AT_MOST)
-                && *read <= READ_AT_MOST,
+                && *read
+                    <= if console_names.contains(name) {
+                        CONSOLE_READS_AT_MOST
+                    } else {
+                        READ_AT_MOST
+                    },
             "{name} reads {read} rows: {}",
             serde_json::to_string_pretty(plan).unwrap()
         );

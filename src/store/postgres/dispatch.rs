@@ -14,7 +14,7 @@ use super::rows;
 use super::store::PgStore;
 use super::submit::notify;
 use crate::model::cancel::{CancelToken, Interrupt};
-use crate::model::state::{CancelOutcome, CancelReason, Failure, FailureReason, TaskState};
+use crate::model::state::{CancelReason, Failure, FailureReason, TaskState};
 use crate::observe::event::Event;
 use crate::store::{Claim, RunOutcome};
 use crate::sync::{Arc, Weak};
@@ -903,73 +903,5 @@ impl PgStore {
         if let Ok(cancelled) = cancelled {
             self.count(|t| t.cancelled += cancelled as u64);
         }
-    }
-
-    /// Cancels the task that `lookup` finds and locks (`$1` is `param`; it returns the row's
-    /// `id, status, has_dependents, type`), as [`Store::cancel`](crate::store::Store::cancel) does: one not started ends cancelled
-    /// with its dependents, a running one has its cancel asked for. `None` if no row matched.
-    pub(super) fn cancel_row(
-        &self,
-        lookup: &str,
-        param: &(dyn postgres::types::ToSql + Sync),
-    ) -> Result<Option<(i64, CancelOutcome)>, String> {
-        let result = self.with_conn(|client| {
-            let mut tx = client.transaction()?;
-            let Some(row) = tx.query_opt(lookup, &[param])? else {
-                return Ok(None);
-            };
-            let seq: i64 = row.get(0);
-            let status: String = row.get(1);
-            let type_name: String = row.get(3);
-            let mut done = Vec::new();
-            let outcome = match status.as_str() {
-                "blocked" | "ready" => {
-                    tx.execute(
-                        "UPDATE tasq_tasks SET status = 'cancelled', cancel_reason = 'requested',
-                         finished_at = tasq_now() WHERE id = $1",
-                        &[&seq],
-                    )?;
-                    super::dispatch::cascade_ended(
-                        &mut tx,
-                        seq,
-                        "cancelled",
-                        row.get(2),
-                        &mut done,
-                    )?;
-                    super::dispatch::notify_changes(&mut tx, false, &done)?;
-                    CancelOutcome::Cancelled
-                }
-                "running" => {
-                    tx.execute(
-                        "UPDATE tasq_tasks SET cancel_requested = 'requested' WHERE id = $1
-                         AND cancel_requested IS NULL",
-                        &[&seq],
-                    )?;
-                    notify(&mut tx, &format!("cancel:{seq}"))?;
-                    CancelOutcome::Signalled
-                }
-                other => CancelOutcome::AlreadyFinished(super::rows::state_of(other, true)),
-            };
-            tx.commit()?;
-            Ok(Some((seq, outcome, done, type_name)))
-        })?;
-        let Some((seq, outcome, done, type_name)) = result else {
-            return Ok(None);
-        };
-        match outcome {
-            CancelOutcome::Cancelled => {
-                // The task and the dependents it took with it.
-                self.count(|t| t.cancelled += done.len() as u64);
-                self.events.lifecycle(|| Event::Cancelled {
-                    id: self.id(seq),
-                    task_type: self.type_name(&type_name),
-                    reason: CancelReason::Requested,
-                });
-                self.publish_ended(&done);
-            }
-            CancelOutcome::Signalled => self.fire_local(seq),
-            CancelOutcome::AlreadyFinished(_) => {}
-        }
-        Ok(Some((seq, outcome)))
     }
 }

@@ -77,7 +77,9 @@ macro_rules! ready_priorities {
 }
 
 mod acks;
+mod admin;
 mod background;
+mod cancel;
 mod config;
 mod conn;
 mod declarations;
@@ -104,6 +106,11 @@ mod submit;
 pub mod testing;
 mod time;
 
+pub use admin::{
+    Admin, AdminError, BreakerOverview, BulkOutcome, COUNT_CAP, DeadFilter, Minute, Moment,
+    Overview, QueueOverview, Related, Retried, SCAN, StateCounts, TaskDetail, TaskPage, TaskQuery,
+    TaskRow, TypeOverview,
+};
 pub use config::Postgres;
 pub use migrate::{SCHEMA_VERSION, migrate, migrate_in};
 pub use policy::{Policy, policy, policy_in, set_policy, set_policy_in};

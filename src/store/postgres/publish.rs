@@ -33,6 +33,11 @@ use crate::unwind;
 /// scheduled tasks share the status `ready`: their pages keep the rows whose `run_at` is or is
 /// not due, in id order as the index gives them.
 pub(super) fn tasks_page(state: Option<TaskState>, by_type: bool) -> String {
+    page_of(info_columns!(), state, by_type)
+}
+
+/// [`tasks_page`]'s shapes with other `columns` of the row `t` (constants, never input).
+pub(super) fn page_of(columns: &str, state: Option<TaskState>, by_type: bool) -> String {
     const STATUSES: [&str; 6] = [
         "blocked",
         "ready",
@@ -41,7 +46,6 @@ pub(super) fn tasks_page(state: Option<TaskState>, by_type: bool) -> String {
         "failed",
         "cancelled",
     ];
-    let columns = info_columns!();
     let Some(state) = state else {
         if !by_type {
             return format!(
@@ -311,12 +315,12 @@ impl PgStore {
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
-            let revived = match super::resubmit::revive(&mut tx, queue, seq, type_name, dependents)?
-            {
-                Ok(revived) => revived,
-                // Refused: nothing changed (dropping the transaction rolls it back).
-                Err(refusal) => return Ok(Err(refusal)),
-            };
+            let revived =
+                match super::resubmit::revive(&mut tx, queue, seq, Some(type_name), dependents)? {
+                    Ok(revived) => revived,
+                    // Refused: nothing changed (dropping the transaction rolls it back).
+                    Err(refusal) => return Ok(Err(refusal)),
+                };
             notify(&mut tx, "ready")?;
             // Registered before the commit: no ending can be announced before it.
             let completion = self.completion_for(revived.new);

@@ -30,7 +30,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::conn::Sql;
+use super::conn::{Connections, Sql};
 use super::store::PgStore;
 use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 
@@ -104,68 +104,79 @@ pub(super) fn room(tx: &mut impl Sql, queue: &str) -> Result<Room, postgres::Err
     Ok(Room::Rows(usize::try_from(room).unwrap_or(0)))
 }
 
+/// Sets or lifts queue `queue`'s limit for the fleet (see
+/// [`Store::set_queue_limit`](crate::store::Store::set_queue_limit)), in the name of `holder`;
+/// returns the limit it replaced.
+pub(super) fn set_limit(
+    conns: &impl Connections,
+    holder: &str,
+    queue: &str,
+    limit: Option<u32>,
+) -> Result<Option<u32>, QueueLimitError> {
+    let limit = limit.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
+    let before = super::pause::under_fence(conns, &format!("the limit of queue {queue}"), |tx| {
+        let before: Option<i32> = tx
+            .query_opt(
+                "SELECT max_running FROM tasq_queues WHERE name = $1 FOR UPDATE",
+                &[&queue],
+            )?
+            .map(|row| row.get(0));
+        match limit {
+            Some(limit) => tx.execute(
+                "INSERT INTO tasq_queues (name, max_running, set_at, set_by)
+                 VALUES ($1, $2, tasq_now(), $3)
+                 ON CONFLICT (name) DO UPDATE
+                 SET max_running = EXCLUDED.max_running, set_at = EXCLUDED.set_at,
+                     set_by = EXCLUDED.set_by",
+                &[&queue, &limit, &holder],
+            )?,
+            None => tx.execute("DELETE FROM tasq_queues WHERE name = $1", &[&queue])?,
+        };
+        let raised = match (before, limit) {
+            (Some(_), None) => true,
+            (Some(before), Some(limit)) => limit > before,
+            (None, _) => false,
+        };
+        if raised {
+            // A hint: a pool that misses it claims at its next poll.
+            super::submit::notify(tx, "ready")?;
+        }
+        Ok(before)
+    })
+    .map_err(QueueLimitError::Store)?;
+    Ok(before.map(|n| u32::try_from(n).unwrap_or(0)))
+}
+
+/// The fleet's queue limits, by name.
+pub(super) fn limits(conns: &impl Connections) -> Result<Vec<QueueLimit>, QueueLimitError> {
+    let rows = conns
+        .with_conn(|client| {
+            client.query(
+                "SELECT name, max_running FROM tasq_queues ORDER BY name",
+                &[],
+            )
+        })
+        .map_err(QueueLimitError::Store)?;
+    Ok(rows
+        .iter()
+        .map(|row| QueueLimit {
+            queue: row.get(0),
+            max_running: u32::try_from(row.get::<_, i32>(1)).unwrap_or(0),
+        })
+        .collect())
+}
+
 impl PgStore {
-    /// Sets or lifts queue `queue`'s limit for the fleet (see
-    /// [`Store::set_queue_limit`](crate::store::Store::set_queue_limit)).
+    /// Sets or lifts queue `queue`'s limit for the fleet, and reads the limited queues again
+    /// at the next claim.
     pub(super) fn set_fleet_queue_limit(
         &self,
         queue: &str,
         limit: Option<u32>,
     ) -> Result<Option<u32>, QueueLimitError> {
-        let limit = limit.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
-        let holder = self.holder();
-        let before = self
-            .under_fence(&format!("the limit of queue {queue}"), |tx| {
-                let before: Option<i32> = tx
-                    .query_opt(
-                        "SELECT max_running FROM tasq_queues WHERE name = $1 FOR UPDATE",
-                        &[&queue],
-                    )?
-                    .map(|row| row.get(0));
-                match limit {
-                    Some(limit) => tx.execute(
-                        "INSERT INTO tasq_queues (name, max_running, set_at, set_by)
-                         VALUES ($1, $2, tasq_now(), $3)
-                         ON CONFLICT (name) DO UPDATE
-                         SET max_running = EXCLUDED.max_running, set_at = EXCLUDED.set_at,
-                             set_by = EXCLUDED.set_by",
-                        &[&queue, &limit, &holder],
-                    )?,
-                    None => tx.execute("DELETE FROM tasq_queues WHERE name = $1", &[&queue])?,
-                };
-                let raised = match (before, limit) {
-                    (Some(_), None) => true,
-                    (Some(before), Some(limit)) => limit > before,
-                    (None, _) => false,
-                };
-                if raised {
-                    // A hint: a pool that misses it claims at its next poll.
-                    super::submit::notify(tx, "ready")?;
-                }
-                Ok(before)
-            })
-            .map_err(QueueLimitError::Store)?;
+        let before = set_limit(self, self.holder(), queue, limit)?;
         self.local.lock().limited_read = None;
-        Ok(before.map(|n| u32::try_from(n).unwrap_or(0)))
-    }
-
-    /// The fleet's queue limits, by name.
-    pub(super) fn fleet_queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
-        let rows = self
-            .with_conn(|client| {
-                client.query(
-                    "SELECT name, max_running FROM tasq_queues ORDER BY name",
-                    &[],
-                )
-            })
-            .map_err(QueueLimitError::Store)?;
-        Ok(rows
-            .iter()
-            .map(|row| QueueLimit {
-                queue: row.get(0),
-                max_running: u32::try_from(row.get::<_, i32>(1)).unwrap_or(0),
-            })
-            .collect())
+        Ok(before)
     }
 
     /// Reads which queues are limited if the list is older than [`REFRESH`] (a pool that

@@ -46,12 +46,13 @@ pub(super) struct Revival {
 
 /// Resubmits dead letter `seq` as a new row, and with `dependents` the dependents its failure
 /// cancelled (transitively, dependencies first), waiting for the new rows instead of the old;
-/// a dependent whose key another task took comes back without it.
+/// a dependent whose key another task took comes back without it. With `type_name`, a dead
+/// letter of another type is refused; without it (an operator's retry) any type is taken.
 pub(super) fn revive(
     tx: &mut impl Sql,
     queue: u64,
     seq: i64,
-    type_name: &'static str,
+    type_name: Option<&'static str>,
     dependents: bool,
 ) -> Result<Result<Revival, Refusal>, postgres::Error> {
     let Some(row) = tx.query_opt(
@@ -78,9 +79,11 @@ pub(super) fn revive(
     let (true, Some(payload)) = (row.get::<_, bool>(4), payload) else {
         return Ok(Err(Refusal::Taken));
     };
-    if row.get::<_, &str>(0) != type_name {
-        return Ok(Err(Refusal::TypeMismatch));
-    }
+    let type_name = match type_name {
+        Some(name) if name != row.get::<_, &str>(0) => return Ok(Err(Refusal::TypeMismatch)),
+        Some(name) => name,
+        None => super::store::leak_name(row.get(0)),
+    };
     let key: Option<String> = row.get(3);
     // The dead letter's own settings, as it was submitted with them: fresh attempts, the same
     // limit.

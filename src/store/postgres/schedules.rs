@@ -23,9 +23,10 @@
 
 use std::time::SystemTime;
 
-use super::conn::{Sql, Tx};
+use super::conn::{Connections, Sql, Tx};
 use super::store::PgStore;
 use super::submit::{due_now, insert_task, notify};
+use crate::model::id::TaskId;
 use crate::model::schedule::{self, ScheduleInfo, Spec};
 use crate::observe::event::Event;
 use crate::store::schedule::{ScheduleDef, Tick};
@@ -203,40 +204,7 @@ impl PgStore {
 
     /// The fleet's schedules, one entry per definition running (see [`ScheduleInfo`]).
     pub(super) fn list_schedules(&self) -> Result<Vec<ScheduleInfo>, String> {
-        let rows = self.with_conn(|client| {
-            client.query(
-                "SELECT d.name, d.definition, d.spec, d.watermark, l.slot, l.task, l.error,
-                        t.status, t.run_at <= tasq_now(),
-                        EXISTS (SELECT 1 FROM tasq_pauses p WHERE p.kind = 'schedule' AND p.name = d.name)
-                 FROM tasq_schedules d
-                 LEFT JOIN LATERAL (SELECT slot, task, error FROM tasq_schedule_slots s
-                                    WHERE s.name = d.name ORDER BY slot DESC LIMIT 1) l ON true
-                 LEFT JOIN tasq_tasks t ON t.id = l.task
-                 ORDER BY d.name, d.definition",
-                &[],
-            )
-        })?;
-        Ok(rows
-            .iter()
-            .map(|row| {
-                let watermark: SystemTime = row.get(3);
-                let task: Option<i64> = row.get(5);
-                let status: Option<&str> = row.get(7);
-                ScheduleInfo {
-                    name: row.get(0),
-                    definition: row.get(1),
-                    next_slot: Spec::from_definition(row.get(2))
-                        .and_then(|spec| spec.next_after(watermark)),
-                    last_slot: row.get(4),
-                    last_task: task.map(|seq| self.id(seq)),
-                    last_state: status.map(|status| {
-                        super::rows::state_of(status, row.get::<_, Option<bool>>(8).unwrap_or(true))
-                    }),
-                    last_error: row.get(6),
-                    paused: row.get(9),
-                }
-            })
-            .collect())
+        list(self, self.queue)
     }
 
     /// Forgets definitions no process has ticked for a week, and slots no definition can decide
@@ -258,4 +226,42 @@ impl PgStore {
             )
         })
     }
+}
+
+/// The fleet's schedules, one entry per definition running (see [`ScheduleInfo`]).
+pub(super) fn list(conns: &impl Connections, queue: u64) -> Result<Vec<ScheduleInfo>, String> {
+    let rows = conns.with_conn(|client| {
+        client.query(
+            "SELECT d.name, d.definition, d.spec, d.watermark, l.slot, l.task, l.error,
+                    t.status, t.run_at <= tasq_now(),
+                    EXISTS (SELECT 1 FROM tasq_pauses p WHERE p.kind = 'schedule' AND p.name = d.name)
+             FROM tasq_schedules d
+             LEFT JOIN LATERAL (SELECT slot, task, error FROM tasq_schedule_slots s
+                                WHERE s.name = d.name ORDER BY slot DESC LIMIT 1) l ON true
+             LEFT JOIN tasq_tasks t ON t.id = l.task
+             ORDER BY d.name, d.definition",
+            &[],
+        )
+    })?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let watermark: SystemTime = row.get(3);
+            let task: Option<i64> = row.get(5);
+            let status: Option<&str> = row.get(7);
+            ScheduleInfo {
+                name: row.get(0),
+                definition: row.get(1),
+                next_slot: Spec::from_definition(row.get(2))
+                    .and_then(|spec| spec.next_after(watermark)),
+                last_slot: row.get(4),
+                last_task: task.map(|seq| TaskId::from_parts(queue, seq as u64)),
+                last_state: status.map(|status| {
+                    super::rows::state_of(status, row.get::<_, Option<bool>>(8).unwrap_or(true))
+                }),
+                last_error: row.get(6),
+                paused: row.get(9),
+            }
+        })
+        .collect())
 }

@@ -8,13 +8,13 @@
 use postgres::GenericClient;
 
 /// The schema version this crate's store reads and writes.
-pub(crate) const VERSION: i32 = 8;
+pub(crate) const VERSION: i32 = 9;
 
 /// The advisory lock that serialises migrations (an arbitrary constant: "tasq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7461_7371;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: [&str; 8] = [V1, V2, V3, V4, V5, V6, V7, V8];
+const MIGRATIONS: [&str; 9] = [V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// Version 1: the task table, its indexes, the dependency edges, and the lease sequence.
 ///
@@ -323,6 +323,13 @@ BEGIN
     SELECT COALESCE(array_agg(name), '{}') INTO limited FROM tasq_queues;
 END
 $$;
+";
+
+/// Version 9: the keys of failed and cancelled rows, which `tasq_live_keys` leaves out, so that
+/// the console finds every row of a key through an index (`Admin::tasks` with a key).
+const V9: &str = "
+CREATE INDEX tasq_ended_keys ON tasq_tasks (key, id)
+WHERE key IS NOT NULL AND status IN ('failed', 'cancelled');
 ";
 
 /// Whether tasq takes `name` as the name of a schema to keep a queue in: a PostgreSQL

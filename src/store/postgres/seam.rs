@@ -441,15 +441,15 @@ impl Store for PgStore {
     }
 
     fn pause(&self, target: &PauseTarget) -> Result<bool, PauseError> {
-        self.pause_fleet(target)
+        super::pause::pause(self, self.holder(), target)
     }
 
     fn resume(&self, target: &PauseTarget) -> Result<bool, PauseError> {
-        self.resume_fleet(target)
+        super::pause::resume(self, target)
     }
 
     fn paused(&self) -> Result<Vec<Paused>, PauseError> {
-        self.fleet_pauses()
+        super::pause::pauses(self)
     }
 
     fn set_queue_limit(
@@ -461,7 +461,7 @@ impl Store for PgStore {
     }
 
     fn queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
-        self.fleet_queue_limits()
+        super::queue_limits::limits(self)
     }
 
     fn register_schedules(&self, schedules: &[ScheduleDef]) -> Result<(), String> {

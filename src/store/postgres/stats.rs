@@ -55,9 +55,12 @@ pub(super) const STATS: &str = concat!(
      SELECT 'running', NULL, (SELECT count(*) FROM (
                 SELECT 1 FROM tasq_tasks WHERE status = 'running' LIMIT $1) s)::BIGINT, NULL
      UNION ALL
-     SELECT 'retained', NULL, (SELECT count(*) FROM (
-                SELECT 1 FROM tasq_tasks WHERE status IN ('succeeded', 'failed', 'cancelled')
-                LIMIT $1) s)::BIGINT, NULL
+     SELECT 'retained', NULL, ((SELECT count(*) FROM (
+                SELECT 1 FROM tasq_tasks WHERE status = 'succeeded' ORDER BY id LIMIT $1) s)
+            + (SELECT count(*) FROM (
+                SELECT 1 FROM tasq_tasks WHERE status = 'failed' ORDER BY id LIMIT $1) s)
+            + (SELECT count(*) FROM (
+                SELECT 1 FROM tasq_tasks WHERE status = 'cancelled' ORDER BY id LIMIT $1) s))::BIGINT, NULL
      UNION ALL
      SELECT 'dead', NULL, (SELECT count(*) FROM (
                 SELECT 1 FROM tasq_tasks WHERE dead LIMIT $1) s)::BIGINT, NULL"

@@ -43,6 +43,20 @@ impl std::fmt::Debug for Periodic {
     }
 }
 
+/// Every statement the console ([`Admin`](crate::postgres::Admin)) reads with, with
+/// parameters as it gives them (`ty`: a type's name), for the test that reads their plans.
+pub fn console(ty: &str) -> Vec<Periodic> {
+    super::admin::statements(ty)
+        .into_iter()
+        .map(|(name, sql, params)| Periodic {
+            name,
+            // Leaked: a handful of strings, once per test.
+            sql: String::leak(sql),
+            params,
+        })
+        .collect()
+}
+
 /// What the store sets on each of its connections (a test reading the plans of
 /// [`periodic`] statements on its own connection sets it too).
 pub const SESSION: &str = super::conn::SESSION;
