@@ -29,10 +29,10 @@ pub const SCAN: usize = 5_000;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
-    /// The schema name is not one tasq takes, or the connection string does not parse.
+    /// The schema name is not one tasq takes.
     #[error(transparent)]
     Setting(#[from] crate::SchemaError),
-    /// The database could not be reached.
+    /// The database could not be reached, or the connection string does not parse.
     #[error("could not connect to the database: {0}")]
     Connect(String),
     /// The schema holds no tasq tables.
@@ -104,9 +104,9 @@ impl Admin {
     /// # Errors
     ///
     /// [`AdminError::Connect`] when the database cannot be reached (at once, with the server's
-    /// or the network's message), [`AdminError::NotMigrated`] or [`AdminError::Version`] when
-    /// the tables are missing or of another version, [`AdminError::Setting`] for a connection
-    /// string that does not parse.
+    /// or the network's message) or its connection string does not parse,
+    /// [`AdminError::NotMigrated`] or [`AdminError::Version`] when the tables are missing or of
+    /// another version.
     ///
     /// # Examples
     ///
@@ -140,7 +140,12 @@ impl Admin {
     }
 
     fn open(url: &str, schema: Option<&str>) -> Result<Admin, AdminError> {
-        let target = Target::new(url, schema)?;
+        let target = Target::new(url, schema).map_err(|error| match error {
+            crate::SchemaError::Db(e) => {
+                AdminError::Connect(format!("the connection string does not parse: {e}"))
+            }
+            other => AdminError::Setting(other),
+        })?;
         // One connection first: an unreachable database fails at once with its reason (the
         // pool below would retry for its whole timeout).
         let mut client = target
