@@ -428,3 +428,54 @@ fn schedules_and_watch_show_the_live_queue() {
     assert_eq!(stdout(&output).matches("\u{1b}[2J").count(), 2);
     pool.shutdown(HANG_GUARD);
 }
+
+#[test]
+fn web_serves_the_dashboard_and_refuses_an_open_bind_without_a_token() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let Some(db) = TestDb::new() else { return };
+    fails(
+        &tasq(Some(&db.url), &["web", "--bind", "0.0.0.0:0"]),
+        2,
+        "give an access token",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tasq"))
+        .env_remove("TASQ_WEB_TOKEN")
+        .args([
+            "--url",
+            &db.url,
+            "web",
+            "--bind",
+            "127.0.0.1:0",
+            "--read-only",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    assert!(line.contains("(read-only)"), "{line}");
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("<h1>Overview</h1>"));
+    assert!(
+        !response.contains("method=\"post\""),
+        "read-only has no forms"
+    );
+}

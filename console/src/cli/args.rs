@@ -60,6 +60,25 @@ pub enum Command {
     Schedules,
     /// A live view of the queue, redrawn every interval (like `top`).
     Watch(WatchArgs),
+    /// Serve the dashboard (127.0.0.1:8080 unless --bind says otherwise).
+    Web(WebArgs),
+}
+
+/// `tasq web`
+#[derive(Debug, Args)]
+pub struct WebArgs {
+    /// Where to listen. Any address but a loopback one needs --token.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub bind: String,
+    /// The access token every request must carry (open the page once with ?token=...).
+    #[arg(long, env = "TASQ_WEB_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Show the queue without any button: nothing can be changed.
+    #[arg(long)]
+    pub read_only: bool,
+    /// How often to sample the figures for the plots.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub sample_every: Duration,
 }
 
 /// `tasq tasks ...`

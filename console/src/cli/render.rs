@@ -14,17 +14,8 @@ use tasq::{
 };
 
 /// A state's name, as the command writes and reads it.
-pub fn state_name(state: TaskState) -> &'static str {
-    match state {
-        TaskState::Blocked => "blocked",
-        TaskState::Scheduled => "scheduled",
-        TaskState::Ready => "ready",
-        TaskState::Running => "running",
-        TaskState::Succeeded => "succeeded",
-        TaskState::Failed => "failed",
-        TaskState::Cancelled => "cancelled",
-        _ => "unknown",
-    }
+pub fn state_name(state: TaskState) -> String {
+    state.to_string()
 }
 
 /// A breaker state's name.
@@ -464,7 +455,11 @@ pub fn cancelled(id: TaskId, outcome: CancelOutcome, json_out: bool) -> String {
     match outcome {
         CancelOutcome::Cancelled => format!("{}: cancelled\n", short(id)),
         CancelOutcome::Signalled => format!("{}: running; asked to stop\n", short(id)),
-        _ => format!("{}: already {}\n", short(id), state.unwrap_or("finished")),
+        _ => format!(
+            "{}: already {}\n",
+            short(id),
+            state.as_deref().unwrap_or("finished")
+        ),
     }
 }
 

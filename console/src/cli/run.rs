@@ -108,6 +108,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
         Command::Limit(args) => print(out, limit(&admin, args, json_out)?),
         Command::Schedules => print(out, render::schedules(&admin.schedules()?, json_out)),
         Command::Watch(args) => watch(&admin, &args, json_out, out),
+        Command::Web(args) => web(admin, args, out),
     }
 }
 
@@ -246,6 +247,36 @@ fn limit(admin: &Admin, args: LimitArgs, json_out: bool) -> Result<String, Failu
         show(limit),
         show(before)
     ))
+}
+
+/// `tasq web`: the dashboard, until the process is stopped.
+fn web(admin: Admin, args: super::args::WebArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let mut dashboard = tasq_console::web::Dashboard::new(admin)
+        .bind(args.bind)
+        .read_only(args.read_only)
+        .sample_every(args.sample_every);
+    if let Some(token) = &args.token {
+        dashboard = dashboard.token(token.clone());
+    }
+    let running = dashboard
+        .start()
+        .map_err(|e| Failure::new(Kind::Usage, e.to_string()))?;
+    let mode = if args.read_only { " (read-only)" } else { "" };
+    let line = match &args.token {
+        Some(_) => format!(
+            "serving the dashboard{mode} at http://{}/ (open it once with ?token=<your token>)\n",
+            running.addr()
+        ),
+        None => format!(
+            "serving the dashboard{mode} at http://{}/\n",
+            running.addr()
+        ),
+    };
+    out.write_all(line.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| Failure::new(Kind::Db, format!("could not write the output: {e}")))?;
+    running.wait();
+    Ok(())
 }
 
 /// `tasq watch`: the figures, redrawn every interval (a frame a line of JSON with `--json`).

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::model::id::TaskId;
 use crate::store::postgres::conn::{self, Conn, Connector, Target};
 
-/// Rows counted at most in one range of an [`Overview`]; a count that reaches it is shown as
+/// Rows counted at most in one range of an [`Overview`](super::Overview); a count that reaches it is shown as
 /// at least this many (`estimated`).
 pub const COUNT_CAP: usize = 10_000;
 
