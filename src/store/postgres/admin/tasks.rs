@@ -409,7 +409,9 @@ impl Admin {
         };
         let waiting = query.key.is_none()
             && matches!(query.state, Some(TaskState::Ready | TaskState::Scheduled));
-        let sifted = query.queue.is_some() || query.dead || waiting;
+        // The dead letters' shape keeps neither a type nor a queue: those are kept here.
+        let dead_sifted = query.dead && query.key.is_none() && query.task_type.is_some();
+        let sifted = query.queue.is_some() || dead_sifted || waiting;
         let read = if sifted { SCAN } else { query.limit } as i64;
         let rows = match &query.key {
             Some(key) => {
