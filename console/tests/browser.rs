@@ -95,15 +95,35 @@ fn eval(tab: &Tab, js: &str) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-/// Clicks `selector` (a form's button) and waits for the page it leads to.
+/// Clicks `selector` (a form's button) and waits for the page it leads to: a new document,
+/// told from the old by a mark set on the old one before the click.
 fn click(tab: &Tab, selector: &str) {
     let button = tab
         .wait_for_element(selector)
         .unwrap_or_else(|e| panic!("{selector}: {e}"));
+    eval(tab, "window.tasqOldPage = true");
     button.scroll_into_view().unwrap();
     let point = button.get_midpoint().unwrap();
     // A mouse click at the button, as a person's: the form's POST navigates the page away.
     tab.click_point(point).unwrap();
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    loop {
+        // Evaluating may fail while the page changes: then ask again.
+        let old = tab
+            .evaluate("window.tasqOldPage === true", false)
+            .ok()
+            .and_then(|r| r.value)
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true);
+        if !old {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{selector} led nowhere"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     tab.wait_until_navigated().unwrap();
 }
 
