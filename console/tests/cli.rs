@@ -475,6 +475,10 @@ fn web_serves_the_dashboard_and_refuses_an_open_bind_without_a_token() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("<h1>Overview</h1>"));
     assert!(
+        response.contains("http-equiv=\"refresh\" content=\"10\""),
+        "the overview reloads itself"
+    );
+    assert!(
         !response.contains("method=\"post\""),
         "read-only has no forms"
     );

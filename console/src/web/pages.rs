@@ -17,6 +17,8 @@ pub struct Ctx<'a> {
     pub csrf: Option<&'a str>,
     /// What the last action did, to show once.
     pub flash: Option<&'a str>,
+    /// Seconds between reloads of the overview, if it reloads.
+    pub refresh: Option<u64>,
 }
 
 fn time(at: std::time::SystemTime) -> String {
@@ -106,8 +108,8 @@ pub fn layout(title: &str, ctx: &Ctx, refresh: bool, body: Markup) -> Markup {
         html lang="en" {
             head {
                 meta charset="utf-8";
-                @if refresh {
-                    meta http-equiv="refresh" content="10";
+                @if let (true, Some(every)) = (refresh, ctx.refresh) {
+                    meta http-equiv="refresh" content=(every);
                 }
                 title { "tasq · " (title) }
                 link rel="stylesheet" href="/style.css";

@@ -89,6 +89,7 @@ fn respond(shared: &Shared, request: &mut Request) -> Response<std::io::Cursor<V
     let none = Ctx {
         csrf: None,
         flash: None,
+        refresh: None,
     };
     // Who may ask.
     match &shared.token {
@@ -139,6 +140,7 @@ fn respond(shared: &Shared, request: &mut Request) -> Response<std::io::Cursor<V
     let ctx = Ctx {
         csrf: (!shared.read_only).then_some(shared.csrf.as_str()),
         flash: (!flash.is_empty()).then_some(flash.as_str()),
+        refresh: shared.refresh.map(|d| d.as_secs().max(1)),
     };
     let method = request.method().as_str().to_owned();
     if method == "POST" {

@@ -48,6 +48,7 @@ pub(crate) struct Shared {
     pub(crate) csrf: String,
     pub(crate) read_only: bool,
     pub(crate) bound: SocketAddr,
+    pub(crate) refresh: Option<Duration>,
 }
 
 /// A dashboard for one queue, to configure and start.
@@ -68,6 +69,7 @@ pub struct Dashboard {
     token: Option<String>,
     read_only: bool,
     sample_every: Duration,
+    refresh: Option<Duration>,
 }
 
 impl Dashboard {
@@ -89,6 +91,7 @@ impl Dashboard {
             token: None,
             read_only: false,
             sample_every: Duration::from_secs(10),
+            refresh: Some(Duration::from_secs(10)),
         }
     }
 
@@ -158,6 +161,21 @@ impl Dashboard {
         self
     }
 
+    /// How often the overview reloads itself (every 10 seconds unless set; `None`: never).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
+    /// let dashboard = tasq_console::web::Dashboard::new(admin).refresh_every(None);
+    /// # let _ = dashboard;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refresh_every(mut self, every: Option<Duration>) -> Dashboard {
+        self.refresh = every;
+        self
+    }
+
     /// Starts serving on threads of its own.
     ///
     /// # Errors
@@ -194,6 +212,7 @@ impl Dashboard {
             csrf: security::random_token(),
             read_only: self.read_only,
             bound,
+            refresh: self.refresh,
         });
         let stopping = Arc::new((Mutex::new(false), Condvar::new()));
         let stopped = Arc::new(AtomicBool::new(false));
