@@ -83,7 +83,21 @@ mod tests {
             svg.contains("points=\"0.0,80.0 160.0,12.0 320.0,46.0\""),
             "{svg}"
         );
-        assert!(svg.contains("ready: max 10"));
+        assert!(svg.contains("ready: max 10</text>"), "{svg}");
+        // As the history gives them: seconds before now, the newest at 0.
+        let svg = line(&[(-20.0, 2.5), (-10.0, 0.0), (0.0, 1.0)], "age").into_string();
+        assert!(
+            svg.contains("points=\"0.0,12.0 160.0,80.0 320.0,52.8\""),
+            "{svg}"
+        );
+        assert!(svg.contains("age: max 2.5</text>"), "{svg}");
+        // Points at one time, or all at zero: nothing divides by zero.
+        for points in [[(5.0, 1.0), (5.0, 2.0)], [(1.0, 0.0), (2.0, 0.0)]] {
+            let svg = line(&points, "x").into_string();
+            assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+        }
+        let small = line_sized(&[(0.0, 1.0), (1.0, 2.0)], "q", 160.0, 36.0).into_string();
+        assert!(small.contains("points=\"0.0,24.0 160.0,12.0\""), "{small}");
         // One point or none draws no line, and nothing divides by zero.
         assert!(!line(&[(3.0, 0.0)], "x").into_string().contains("polyline"));
         assert!(!line(&[], "x").into_string().contains("NaN"));
@@ -95,5 +109,11 @@ mod tests {
         assert!(svg.contains("height=\"51.0\""), "{svg}");
         assert!(svg.contains("height=\"17.0\""), "{svg}");
         assert!(svg.contains("done: max 8 a minute"));
+        // Four slots share the width: each bar 320 / 4 wide, less a margin of 1 each side.
+        let svg = bars(&[(1, 0), (1, 0), (1, 0), (1, 0)], "n").into_string();
+        assert!(
+            svg.contains("x=\"241.0\" y=\"12.0\" width=\"78.0\""),
+            "{svg}"
+        );
     }
 }
