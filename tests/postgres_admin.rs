@@ -186,6 +186,13 @@ fn the_overview_counts_what_the_rows_hold() {
     assert_eq!(ended, 5);
     assert_eq!(o.minutes.iter().map(|m| m.failed).sum::<usize>(), 2);
     assert!(o.minutes.windows(2).all(|w| w[0].at < w[1].at));
+    assert!(o.minutes.iter().all(|m| m.complete));
+    // Five endings over the window, which began 14 to 15 minutes ago.
+    assert!(
+        o.throughput > 5.0 / 900.0 && o.throughput <= 5.0 / 840.0,
+        "{}",
+        o.throughput
+    );
     assert_eq!(o.paused.len(), 1);
     // The figures agree with the rows, counted another way.
     let mut sql = db.client();
