@@ -519,3 +519,57 @@ fn bad_arguments_are_typed_errors() {
     assert!(admin.queue_limits().unwrap().is_empty());
     assert!(admin.schedules().unwrap().is_empty());
 }
+
+#[test]
+fn the_last_minutes_tell_outcomes_apart_and_stop_at_the_cap() {
+    let Some(db) = TestDb::new() else { return };
+    let admin = Admin::connect(&db.url).unwrap();
+    let mut sql = db.client();
+    // This minute: 3 succeeded, a failure kept (not a dead letter), a dead letter, 2 cancelled.
+    sql.batch_execute(
+        "INSERT INTO tasq_tasks (type, payload, priority, status, max_attempts, dead, finished_at)
+         SELECT 'job', '1', 0, s, 3, d, now()
+         FROM (VALUES ('succeeded', false), ('succeeded', false), ('succeeded', false),
+                      ('failed', false), ('failed', true),
+                      ('cancelled', false), ('cancelled', false)) v(s, d)",
+    )
+    .unwrap();
+    let o = admin.overview().unwrap();
+    // Summed over the minutes: the one they fell in may have turned since.
+    let sum = |f: fn(&tasq::postgres::Minute) -> usize| o.minutes.iter().map(f).sum::<usize>();
+    assert_eq!(
+        (
+            sum(|m| m.succeeded),
+            sum(|m| m.failed),
+            sum(|m| m.cancelled)
+        ),
+        (3, 2, 2)
+    );
+    assert!(o.minutes.iter().all(|m| m.complete) && !o.estimated);
+    // Past the cap: 6,000 endings two minutes ago and 6,000 now; the newest 10,000 are read,
+    // so the minutes after the oldest of those are whole, and the rest are floors.
+    sql.batch_execute(
+        "INSERT INTO tasq_tasks (type, payload, priority, status, max_attempts, finished_at)
+         SELECT 'job', '1', 0, 'succeeded', 3,
+                CASE WHEN g <= 6000 THEN now() - interval '2 minutes' ELSE now() END
+         FROM generate_series(1, 12000) g",
+    )
+    .unwrap();
+    let o = admin.overview().unwrap();
+    assert!(o.estimated);
+    // The minutes after the cut (two, or three if a minute turned since the insert) are whole
+    // and hold the newest rows; those before are not.
+    let whole: Vec<_> = o.minutes.iter().filter(|m| m.complete).collect();
+    assert!((2..=3).contains(&whole.len()), "{:?}", o.minutes);
+    assert!(
+        o.minutes
+            .ends_with(&whole.iter().map(|m| **m).collect::<Vec<_>>())
+    );
+    assert_eq!(whole.iter().map(|m| m.succeeded).sum::<usize>(), 6_003);
+    // 10,000 read (and the dead letter) over about two minutes.
+    assert!(
+        o.throughput > 10_000.0 / 180.0 && o.throughput < 10_001.0 / 60.0,
+        "{}",
+        o.throughput
+    );
+}
