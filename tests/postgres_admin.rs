@@ -254,6 +254,15 @@ fn pages_follow_the_keyset_by_every_filter() {
             .iter()
             .all(|t| t.queue == "mail" && t.state == TaskState::Ready)
     );
+    // A page sifted by queue is full when there are enough: the sift reads past the limit.
+    let five = admin
+        .tasks(&TaskQuery::new().queue("mail").limit(5))
+        .unwrap();
+    assert_eq!(
+        five.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        mail[..5]
+    );
+    assert_eq!(five.next, Some(mail[4]));
     let by_queue = admin
         .tasks(&TaskQuery::new().queue("mail").limit(1000))
         .unwrap();
