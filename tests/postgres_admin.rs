@@ -327,6 +327,22 @@ fn a_task_is_shown_whole_with_its_dependencies_and_timeline() {
     assert_eq!(task.timeline[0].what, "submitted");
     let dependency = admin.task(first.id()).unwrap().unwrap();
     assert_eq!(dependency.dependents[0].id, second.id());
+    let whats = |id: TaskId| -> Vec<&'static str> {
+        let task = admin.task(id).unwrap().unwrap();
+        task.timeline.iter().map(|m| m.what).collect()
+    };
+    assert_eq!(
+        whats(first.id()),
+        ["submitted"],
+        "due as submitted: no second moment"
+    );
+    // A delayed task is due later; cancelled, it ends so.
+    let later = producer
+        .submit(REPORT.task(3).delay(Duration::from_secs(3600)))
+        .unwrap();
+    assert_eq!(whats(later.id()), ["submitted", "due"]);
+    admin.cancel(later.id()).unwrap();
+    assert_eq!(whats(later.id()), ["submitted", "cancelled", "due"]);
     // Run both: the timeline ends with the outcome; the output is shown.
     producer.shutdown(HANG_GUARD);
     let pool = worker(&db);
