@@ -8,6 +8,20 @@ use super::submit::notify;
 use crate::model::state::{CancelOutcome, CancelReason};
 use crate::observe::event::Event;
 
+/// The lookup of a cancel by id (`$1`): the row locked, as [`cancel_locked`] reads it.
+pub(super) const BY_ID: &str =
+    "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE id = $1 FOR UPDATE";
+
+/// The lookup of a cancel by key (`$1`): the key's live or succeeded holder, locked as it is
+/// found (it holds the key until the cancel commits).
+pub(super) const BY_KEY: &str =
+    "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE key = $1
+     AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR UPDATE";
+
+/// A dead letter purged (`$1` its row): its payload dropped, a dead letter no more.
+pub(super) const PURGE: &str =
+    "UPDATE tasq_tasks SET dead = false, payload = NULL WHERE id = $1 AND dead";
+
 impl PgStore {
     /// Cancels the task that `lookup` finds and locks (`$1` is `param`; it returns the row's
     /// `id, status, has_dependents, type`), as [`Store::cancel`](crate::store::Store::cancel) does: one not started ends cancelled

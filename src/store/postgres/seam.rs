@@ -168,10 +168,7 @@ impl Store for PgStore {
 
     fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         let seq = self.seq(id).ok_or(CancelError::UnknownTask(id))?;
-        match self.cancel_row(
-            "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE id = $1 FOR UPDATE",
-            &seq,
-        ) {
+        match self.cancel_row(super::cancel::BY_ID, &seq) {
             Ok(Some((_, outcome))) => Ok(outcome),
             Ok(None) => Err(CancelError::UnknownTask(id)),
             Err(error) => Err(CancelError::Store(id, error)),
@@ -193,11 +190,7 @@ impl Store for PgStore {
 
     fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
         // The holder is locked as it is found: it holds the key until the cancel commits.
-        match self.cancel_row(
-            "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE key = $1
-             AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR UPDATE",
-            &key,
-        ) {
+        match self.cancel_row(super::cancel::BY_KEY, &key) {
             Ok(Some((seq, outcome))) => Ok((self.id(seq), outcome)),
             Ok(None) => Err(CancelError::UnknownKey(key.to_owned())),
             Err(error) => Err(CancelError::StoreByKey(key.to_owned(), error)),
@@ -357,13 +350,8 @@ impl Store for PgStore {
         let Some(seq) = self.seq(id) else {
             return false;
         };
-        self.with_conn(|c| {
-            c.execute(
-                "UPDATE tasq_tasks SET dead = false, payload = NULL WHERE id = $1 AND dead",
-                &[&seq],
-            )
-        })
-        .is_ok_and(|n| n == 1)
+        self.with_conn(|c| c.execute(super::cancel::PURGE, &[&seq]))
+            .is_ok_and(|n| n == 1)
     }
 
     fn resubmit(

@@ -197,12 +197,7 @@ impl Admin {
         let Some(seq) = self.seq(id) else {
             return Ok(false);
         };
-        let n = self.run(|c| {
-            c.execute(
-                "UPDATE tasq_tasks SET dead = false, payload = NULL WHERE id = $1 AND dead",
-                &[&seq],
-            )
-        })?;
+        let n = self.run(|c| c.execute(cancel::PURGE, &[&seq]))?;
         Ok(n == 1)
     }
 
@@ -324,11 +319,7 @@ impl Admin {
     /// ```
     pub fn cancel(&self, id: TaskId) -> Result<CancelOutcome, CancelError> {
         let seq = self.seq(id).ok_or(CancelError::UnknownTask(id))?;
-        match cancel::cancel_locked(
-            self,
-            "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE id = $1 FOR UPDATE",
-            &seq,
-        ) {
+        match cancel::cancel_locked(self, cancel::BY_ID, &seq) {
             Ok(Some(cancelled)) => Ok(cancelled.outcome),
             Ok(None) => Err(CancelError::UnknownTask(id)),
             Err(error) => Err(CancelError::Store(id, error)),
@@ -352,12 +343,7 @@ impl Admin {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel_key(&self, key: &str) -> Result<(TaskId, CancelOutcome), CancelError> {
-        match cancel::cancel_locked(
-            self,
-            "SELECT id, status, has_dependents, type FROM tasq_tasks WHERE key = $1
-             AND status IN ('blocked', 'ready', 'running', 'succeeded') FOR UPDATE",
-            &key,
-        ) {
+        match cancel::cancel_locked(self, cancel::BY_KEY, &key) {
             Ok(Some(cancelled)) => Ok((self.id(cancelled.seq), cancelled.outcome)),
             Ok(None) => Err(CancelError::UnknownKey(key.to_owned())),
             Err(error) => Err(CancelError::StoreByKey(key.to_owned(), error)),
