@@ -101,15 +101,29 @@ pub use observe::event::Event;
 pub use observe::metrics::{Histogram, Metrics, RUN_TIME_BUCKETS, RunCounts, TypeMetrics};
 pub use observe::stats::{ShutdownReport, Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 
+pub mod console {
+    //! What an operator's console reads and asks of a queue, on either store: a queue's
+    //! [`Overview`], a [`TaskPage`] of [`TaskRow`]s for a [`TaskQuery`], one task's
+    //! [`TaskDetail`], and the dead letters a [`DeadFilter`] keeps for a bulk retry or purge.
+    //! [`Pool`](crate::Pool) answers them for its own store; `postgres::Admin` answers them
+    //! for a durable queue without running a pool; the `tasq` command and its dashboard (crate
+    //! `tasq-console`) show them.
+    pub use crate::observe::console::bulk::{BulkOutcome, DeadFilter, Retried};
+    pub use crate::observe::console::overview::{
+        BreakerOverview, COUNT_CAP, Minute, Overview, QueueOverview, StateCounts, TypeOverview,
+    };
+    pub use crate::observe::console::tasks::{
+        Moment, Related, SCAN, TaskDetail, TaskPage, TaskQuery, TaskRow,
+    };
+}
+
 /// The durable store (feature `postgres`): tasks in PostgreSQL, shared by pools in many
 /// processes. Build a pool on it with [`Builder::postgres`].
 #[cfg(feature = "postgres")]
 pub mod postgres {
     pub use crate::store::postgres::{
-        Admin, AdminError, BreakerOverview, BulkOutcome, COUNT_CAP, DeadFilter, Minute, Moment,
-        Overview, Policy, Postgres, QueueOverview, Related, Retried, SCAN, SCHEMA_VERSION,
-        StateCounts, TaskDetail, TaskPage, TaskQuery, TaskRow, TypeOverview, migrate, migrate_in,
-        policy, policy_in, set_policy, set_policy_in,
+        Admin, AdminError, Policy, Postgres, SCHEMA_VERSION, migrate, migrate_in, policy,
+        policy_in, set_policy, set_policy_in,
     };
 
     #[doc(hidden)]

@@ -4,6 +4,7 @@
 //! The top layer: it may import every other one, and nothing imports it.
 
 pub(crate) mod builder;
+mod console;
 mod dead_letters;
 #[cfg(feature = "postgres")]
 mod durable;

@@ -147,6 +147,10 @@ pub struct TaskInfo {
     pub id: TaskId,
     /// Its type's name.
     pub task_type: &'static str,
+    /// The queue it runs in (its type's, where it was submitted).
+    pub queue: &'static str,
+    /// Its idempotency key, if it was submitted with one.
+    pub key: Option<String>,
     /// Its state.
     pub state: TaskState,
     /// Its priority.

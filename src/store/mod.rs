@@ -26,6 +26,7 @@ use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, Failure, FailureReason, TaskState};
 use crate::model::task::{Dependency, Start};
+use crate::observe::console::overview::Overview;
 use crate::observe::metrics::{Ended, RunEnd};
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::hub::Hub;
@@ -310,6 +311,10 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     /// Each registered type's backlog, in registry order. May cost a scan of the ready tasks.
     fn type_stats(&self) -> Vec<TypeStats>;
+
+    /// The queue's figures for an operator, or why they could not be read. The embedded store
+    /// makes a pass over its records; the durable store reads what `postgres::Admin` reads.
+    fn overview(&self) -> Result<Overview, String>;
 
     /// What the alerts check: [`stats`](Store::stats) and (if `types`)
     /// [`type_stats`](Store::type_stats), or `None` if the store could not read them (a

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
 use serde_json::{Value, json};
-use tasq::postgres::{BulkOutcome, Overview, TaskDetail, TaskPage, TaskRow};
+use tasq::console::{BulkOutcome, Overview, TaskDetail, TaskPage, TaskRow};
 use tasq::{
     BreakerState, CancelOutcome, PauseTarget, Paused, QueueLimit, ScheduleInfo, TaskId, TaskState,
 };
@@ -246,10 +246,10 @@ fn row_json(t: &TaskRow) -> Value {
         "priority": t.priority,
         "attempts": t.attempts,
         "max_attempts": t.max_attempts,
-        "run_at": time(t.run_at),
+        "run_at": t.run_at.map(time),
         "key": t.key,
         "last_error": t.last_error,
-        "created_at": time(t.created_at),
+        "created_at": t.created_at.map(time),
         "finished_at": t.finished_at.map(time),
     })
 }
@@ -302,7 +302,7 @@ pub fn page(page: &TaskPage, json_out: bool) -> String {
 
 /// One task in full: `tasq tasks show`.
 pub fn detail(d: &TaskDetail, json_out: bool) -> String {
-    let related = |list: &[tasq::postgres::Related]| -> Vec<Value> {
+    let related = |list: &[tasq::console::Related]| -> Vec<Value> {
         list.iter()
             .map(|r| {
                 json!({
@@ -316,8 +316,8 @@ pub fn detail(d: &TaskDetail, json_out: bool) -> String {
     if json_out {
         let mut value = row_json(&d.row);
         let extra = json!({
-            "payload": d.payload,
-            "output": d.output,
+            "payload": d.payload.as_deref().map(json_value),
+            "output": d.output.as_deref().map(json_value),
             "lease_id": d.lease_id,
             "lease_until": d.lease_until.map(time),
             "failure_reason": d.failure_reason,
@@ -356,9 +356,12 @@ pub fn detail(d: &TaskDetail, json_out: bool) -> String {
     if let Some(key) = &r.key {
         line("key", safe(key, 200));
     }
-    line("payload", safe(&d.payload.to_string(), 2_000));
+    match &d.payload {
+        Some(payload) => line("payload", safe(payload, 2_000)),
+        None => line("payload", "kept by the pool as a Rust value".to_owned()),
+    }
     if let Some(output) = &d.output {
-        line("output", safe(&output.to_string(), 2_000));
+        line("output", safe(output, 2_000));
     }
     if let Some(error) = &r.last_error {
         line("last error", safe(error, 2_000));
@@ -378,7 +381,7 @@ pub fn detail(d: &TaskDetail, json_out: bool) -> String {
     if let Some(new) = d.resubmitted_as {
         line("retried as", short(new));
     }
-    let list = |list: &[tasq::postgres::Related]| -> String {
+    let list = |list: &[tasq::console::Related]| -> String {
         list.iter()
             .map(|r| match &r.task {
                 Some((t, s)) => format!("{} ({} {})", short(r.id), safe(t, 40), state_name(*s)),
@@ -528,4 +531,9 @@ pub fn schedules(list: &[ScheduleInfo], json_out: bool) -> String {
         ]);
     }
     format!("{t}\n")
+}
+
+/// JSON text a store gave, as a value (a string, if it does not parse).
+fn json_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
 }

@@ -3,7 +3,8 @@
 use std::io::Write;
 
 use serde_json::json;
-use tasq::postgres::{Admin, DeadFilter, TaskQuery};
+use tasq::console::{DeadFilter, TaskQuery};
+use tasq::postgres::Admin;
 use tasq::{PauseTarget, TaskId};
 
 use super::args::{
@@ -147,7 +148,7 @@ fn bulk(admin: &Admin, args: &BulkArgs, what: &str, json_out: bool) -> Result<St
             ));
         }
         if args.dry_run {
-            let outcome = tasq::postgres::BulkOutcome::default();
+            let outcome = tasq::console::BulkOutcome::default();
             let mut outcome = outcome;
             outcome.matched.push(id);
             return Ok(render::bulk(what, &outcome, true, json_out));
@@ -162,7 +163,7 @@ fn bulk(admin: &Admin, args: &BulkArgs, what: &str, json_out: bool) -> Result<St
                 format!("{} is not a dead letter any more", render::short(id)),
             ));
         };
-        let mut outcome = tasq::postgres::BulkOutcome::default();
+        let mut outcome = tasq::console::BulkOutcome::default();
         outcome.matched.push(id);
         outcome.done.push((id, new));
         return Ok(render::bulk(what, &outcome, false, json_out));

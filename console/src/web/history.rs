@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use tasq::postgres::Overview;
+use tasq::console::Overview;
 
 /// Samples kept: an hour at one every 10 seconds.
 pub const KEEP: usize = 360;

@@ -4,7 +4,7 @@
 //! (`Content-Security-Policy`).
 
 use maud::{DOCTYPE, Markup, html};
-use tasq::postgres::{BulkOutcome, Overview, Related, TaskDetail, TaskPage, TaskRow};
+use tasq::console::{BulkOutcome, Overview, Related, TaskDetail, TaskPage, TaskRow};
 use tasq::{BreakerState, PauseTarget, ScheduleInfo, TaskId, TaskState};
 
 use super::history::History;
@@ -382,8 +382,8 @@ pub fn task(d: &TaskDetail, ctx: &Ctx) -> Markup {
             dt { "priority" } dd { (r.priority) }
             dt { "attempts" } dd { (r.attempts) " of " (r.max_attempts) }
             @if let Some(key) = &r.key { dt { "key" } dd id="key" { (key) } }
-            dt { "payload" } dd { pre id="payload" { (serde_json::to_string_pretty(&d.payload).unwrap_or_default()) } }
-            @if let Some(output) = &d.output { dt { "output" } dd { pre id="output" { (serde_json::to_string_pretty(output).unwrap_or_default()) } } }
+            dt { "payload" } dd { pre id="payload" { (d.payload.as_deref().map_or_else(|| "kept by the pool as a Rust value".to_owned(), pretty)) } }
+            @if let Some(output) = &d.output { dt { "output" } dd { pre id="output" { (pretty(output)) } } }
             @if let Some(error) = &r.last_error { dt { "last error" } dd { pre id="error" { (error) } } }
             @if let Some(reason) = &d.failure_reason { dt { "failed for" } dd { (reason) } }
             @if let Some(reason) = &d.cancel_reason { dt { "cancelled for" } dd { (reason) } }
@@ -507,3 +507,11 @@ dl { display: grid; grid-template-columns: max-content auto; gap: .3em 1em; back
 dt { font-weight: 600; }
 .filters, .bulk { margin-bottom: .8em; }
 ";
+
+/// JSON text laid out to read, or as it is if it does not parse.
+fn pretty(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| text.to_owned())
+}

@@ -7,7 +7,7 @@
 use std::io::Read;
 
 use maud::Markup;
-use tasq::postgres::{DeadFilter, TaskQuery};
+use tasq::console::{DeadFilter, TaskQuery};
 use tasq::{CancelOutcome, PauseTarget, TaskId, TaskState};
 use tiny_http::{Header, Request, Response};
 

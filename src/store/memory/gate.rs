@@ -766,6 +766,14 @@ impl Gates {
             .collect()
     }
 
+    /// Each breaker's name, state, failures in a row and when it last opened.
+    pub(crate) fn breaker_cells(&self) -> Vec<(&'static str, BreakerState, u32, Option<Instant>)> {
+        self.breakers
+            .iter()
+            .map(|b| (b.name, b.cell.state, b.cell.consecutive, b.cell.opened_at))
+            .collect()
+    }
+
     /// The fronts of every held queue, as [`ReadyQueue::fronts`] gives them.
     pub(crate) fn fronts(&mut self, is_live: impl Fn(Seq) -> bool) -> Vec<(u8, usize, Seq)> {
         if self.held == 0 {

@@ -90,6 +90,8 @@ mod gate;
 mod ids;
 mod intake;
 mod invariants;
+mod minutes;
+mod overview;
 mod pause;
 mod queue;
 mod queue_limits;

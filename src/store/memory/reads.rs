@@ -33,6 +33,8 @@ impl State {
             return Some(TaskInfo {
                 id,
                 task_type: registry.entry(dormant.type_index).name,
+                queue: registry.entry(dormant.type_index).queue,
+                key: None,
                 state: TaskState::Scheduled,
                 priority: dormant.priority,
                 attempts: 0,
@@ -52,6 +54,8 @@ impl State {
         Some(TaskInfo {
             id,
             task_type: registry.entry(record.type_index).name,
+            queue: registry.entry(record.type_index).queue,
+            key: record.key().map(|k| k.to_string()),
             state: record.state,
             priority: record.priority,
             attempts: record.attempts,

@@ -374,6 +374,7 @@ impl State {
             // task terminal (its dependents' handlers, `status`, `wait_idle`) finds its outcome.
             record.outcome.publish(finished);
             self.finished.push_back((seq, stamp));
+            self.minutes.count(stamp, state);
             if state != TaskState::Succeeded {
                 // Keeps invariant 8.
                 self.release_key(key.as_deref(), seq);

@@ -190,6 +190,8 @@ pub(crate) struct State {
     /// Dead letters: failed tasks not yet resubmitted or taken, in id order. Kept past
     /// retention, up to `retention.max_dead_letters`.
     pub(super) dead: BTreeSet<Seq>,
+    /// The last minutes' endings, for an operator's overview.
+    pub(super) minutes: super::minutes::Minutes,
     /// The outcomes of forgotten tasks whose unread handle lives (invariant 15, see `hub.rs`).
     pub(super) orphans: IdMap<Arc<Completion>>,
     /// Tasks still in the intake whose unread handle was dropped already (its drop was taken
@@ -275,6 +277,7 @@ impl State {
             early_drops: IdMap::default(),
             stamp_memo: (epoch, 0),
             finished: VecDeque::new(),
+            minutes: Default::default(),
             dead: BTreeSet::new(),
             counts: Counts::default(),
             totals: Totals::default(),

@@ -22,6 +22,7 @@ use crate::model::pause::{PauseError, PauseTarget, Paused};
 use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, CancelReason, TaskState};
+use crate::observe::console::overview::Overview;
 use crate::observe::events::Events;
 use crate::observe::metrics::RunEnd;
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
@@ -494,6 +495,13 @@ impl Store for MemoryStore {
 
     fn type_stats(&self) -> Vec<TypeStats> {
         self.read(|state, now| state.type_stats(now))
+    }
+
+    fn overview(&self) -> Result<Overview, String> {
+        let wall = self.clock.wall_now();
+        let mut overview = self.read(|state, now| state.overview(now, wall));
+        overview.paused.extend(self.schedules.paused());
+        Ok(overview)
     }
 
     fn dead_letters(

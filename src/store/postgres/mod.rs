@@ -46,7 +46,8 @@ macro_rules! info_columns {
         "t.type, t.status, t.run_at <= tasq_now(), COALESCE(t.base_priority, t.priority), \
          t.attempts, EXTRACT(EPOCH FROM t.run_at - tasq_now())::FLOAT8, t.last_error, \
          t.resubmitted_as, t.max_attempts, t.retry_base_us, t.retry_cap_us, t.timeout_us, \
-         ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1), t.id"
+         ARRAY(SELECT dependency FROM tasq_deps WHERE dependent = t.id ORDER BY 1), t.id, \
+         t.queue, t.key"
     };
 }
 
@@ -106,11 +107,7 @@ mod submit;
 pub mod testing;
 mod time;
 
-pub use admin::{
-    Admin, AdminError, BreakerOverview, BulkOutcome, COUNT_CAP, DeadFilter, Minute, Moment,
-    Overview, QueueOverview, Related, Retried, SCAN, StateCounts, TaskDetail, TaskPage, TaskQuery,
-    TaskRow, TypeOverview,
-};
+pub use admin::{Admin, AdminError};
 pub use config::Postgres;
 pub use migrate::{SCHEMA_VERSION, migrate, migrate_in};
 pub use policy::{Policy, policy, policy_in, set_policy, set_policy_in};

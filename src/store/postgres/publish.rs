@@ -192,6 +192,16 @@ impl PgStore {
         }
     }
 
+    /// The name of queue `name`: a registered type's, or one leaked once (as a type's name).
+    fn queue_name(&self, name: String) -> &'static str {
+        self.registry
+            .entries()
+            .iter()
+            .map(|e| e.queue)
+            .find(|q| *q == name)
+            .unwrap_or_else(|| leak_name(name))
+    }
+
     /// What a row read with [`info_columns!`] says of its task, with `now` the pool's clock's
     /// reading for its due time.
     pub(super) fn info_of_row(&self, row: &Row, now: Instant) -> TaskInfo {
@@ -210,6 +220,8 @@ impl PgStore {
         TaskInfo {
             id: self.id(row.get(13)),
             task_type,
+            queue: self.queue_name(row.get(14)),
+            key: row.get(15),
             state,
             priority: u8::try_from(row.get::<_, i16>(3)).unwrap_or(0),
             attempts: u32::try_from(row.get::<_, i32>(4)).unwrap_or(0),

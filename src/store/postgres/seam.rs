@@ -20,6 +20,7 @@ use crate::model::pause::{PauseError, PauseTarget, Paused};
 use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::{CancelOutcome, TaskState};
+use crate::observe::console::overview::Overview;
 use crate::observe::metrics::RunEnd;
 use crate::observe::stats::{Stats, TaskFilter, TaskInfo, Totals, TypeStats};
 use crate::store::registry::Registry;
@@ -462,6 +463,10 @@ impl Store for PgStore {
 
     fn schedules(&self) -> Result<Vec<ScheduleInfo>, String> {
         self.list_schedules()
+    }
+
+    fn overview(&self) -> Result<Overview, String> {
+        super::admin::overview(self)
     }
 
     fn wait_idle(&self, deadline: Option<Instant>) -> Result<(), WaitError> {

@@ -3,126 +3,15 @@
 //! the statements the pools use, so the fleet sees it as it sees a pool's own.
 
 use super::connect::{Admin, AdminError};
-use super::tasks::TaskQuery;
 use crate::model::error::{CancelError, ResubmitError};
 use crate::model::id::TaskId;
 use crate::model::pause::{PauseError, PauseTarget, Paused};
 use crate::model::queue_limit::{QueueLimit, QueueLimitError};
 use crate::model::schedule::ScheduleInfo;
 use crate::model::state::CancelOutcome;
+use crate::observe::console::bulk::{self, BulkOutcome, DeadFilter, Retried};
 use crate::store::postgres::conn::Sql;
 use crate::store::postgres::{cancel, pause, queue_limits, resubmit, schedules, submit};
-
-/// The dead letters a bulk action takes: every filter given must hold.
-///
-/// # Examples
-///
-/// ```
-/// use tasq::postgres::DeadFilter;
-/// let timeouts = DeadFilter::new().task_type("email").error_contains("timed out");
-/// # let _ = timeouts;
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeadFilter {
-    task_type: Option<String>,
-    queue: Option<String>,
-    error_contains: Option<String>,
-}
-
-impl DeadFilter {
-    /// Every dead letter.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let all = tasq::postgres::DeadFilter::new();
-    /// # let _ = all;
-    /// ```
-    pub fn new() -> Self {
-        DeadFilter::default()
-    }
-
-    /// Only dead letters of the type named `name`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let emails = tasq::postgres::DeadFilter::new().task_type("email");
-    /// # let _ = emails;
-    /// ```
-    pub fn task_type(mut self, name: impl Into<String>) -> Self {
-        self.task_type = Some(name.into());
-        self
-    }
-
-    /// Only dead letters in the queue named `name`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let slow = tasq::postgres::DeadFilter::new().queue("slow");
-    /// # let _ = slow;
-    /// ```
-    pub fn queue(mut self, name: impl Into<String>) -> Self {
-        self.queue = Some(name.into());
-        self
-    }
-
-    /// Only dead letters whose last error contains `text` (as written, case and all).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let refused = tasq::postgres::DeadFilter::new().error_contains("connection refused");
-    /// # let _ = refused;
-    /// ```
-    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
-        self.error_contains = Some(text.into());
-        self
-    }
-}
-
-/// What a bulk action did (or, dry, would do).
-///
-/// # Examples
-///
-/// ```no_run
-/// use tasq::postgres::{Admin, DeadFilter};
-/// let admin = Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// let plan = admin.retry_dead(&DeadFilter::new().task_type("email"), true)?;
-/// println!("would retry {} dead letters", plan.matched.len());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BulkOutcome {
-    /// The dead letters the filter kept.
-    pub matched: Vec<TaskId>,
-    /// Those acted on, with the new task a retry made (`None` for a purge); empty when dry.
-    pub done: Vec<(TaskId, Option<TaskId>)>,
-    /// Those left as they were, and why (another process retried or purged it meanwhile).
-    pub refused: Vec<(TaskId, String)>,
-}
-
-/// A dead letter retried: its new task, and the dependents its failure had cancelled, brought
-/// back (old id, new id).
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// let retried = admin.retry(admin.task_id(12))?;
-/// println!("now {}, with {} dependents", retried.id, retried.dependents.len());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Retried {
-    /// The new task.
-    pub id: TaskId,
-    /// The dependents brought back with it: (old id, new id).
-    pub dependents: Vec<(TaskId, TaskId)>,
-}
 
 impl Admin {
     /// Retries dead letter `id`: a new task of its type, payload, priority, queue, key and
@@ -212,7 +101,8 @@ impl Admin {
     /// # Examples
     ///
     /// ```no_run
-    /// use tasq::postgres::{Admin, DeadFilter};
+    /// use tasq::console::DeadFilter;
+    /// use tasq::postgres::Admin;
     /// let admin = Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
     /// let done = admin.retry_dead(&DeadFilter::new().error_contains("timed out"), false)?;
     /// println!("retried {}, {} refused", done.done.len(), done.refused.len());
@@ -240,7 +130,8 @@ impl Admin {
     /// # Examples
     ///
     /// ```no_run
-    /// use tasq::postgres::{Admin, DeadFilter};
+    /// use tasq::console::DeadFilter;
+    /// use tasq::postgres::Admin;
     /// let admin = Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
     /// let gone = admin.purge_dead(&DeadFilter::new().task_type("thumbnail"), false)?;
     /// println!("purged {}", gone.done.len());
@@ -267,38 +158,7 @@ impl Admin {
         dry_run: bool,
         act: impl Fn(TaskId) -> Result<Result<Option<TaskId>, String>, AdminError>,
     ) -> Result<BulkOutcome, AdminError> {
-        let mut outcome = BulkOutcome::default();
-        let mut query = TaskQuery::new().dead().limit(500);
-        if let Some(name) = &filter.task_type {
-            query = query.task_type(name.clone());
-        }
-        if let Some(name) = &filter.queue {
-            query = query.queue(name.clone());
-        }
-        loop {
-            let page = self.tasks(&query)?;
-            for task in page.tasks {
-                let keep = filter.error_contains.as_ref().is_none_or(|text| {
-                    task.last_error
-                        .as_deref()
-                        .is_some_and(|error| error.contains(text.as_str()))
-                });
-                if !keep {
-                    continue;
-                }
-                outcome.matched.push(task.id);
-                if !dry_run {
-                    match act(task.id)? {
-                        Ok(new) => outcome.done.push((task.id, new)),
-                        Err(why) => outcome.refused.push((task.id, why)),
-                    }
-                }
-            }
-            match page.next {
-                Some(next) => query = query.after(next),
-                None => return Ok(outcome),
-            }
-        }
+        bulk::bulk(filter, dry_run, |query| self.tasks(query), act)
     }
 
     /// Cancels task `id` as [`Pool::cancel`](crate::Pool::cancel) does: one not started ends

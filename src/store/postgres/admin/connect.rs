@@ -6,13 +6,8 @@ use std::time::Duration;
 use crate::model::id::TaskId;
 use crate::store::postgres::conn::{self, Conn, Connector, Target};
 
-/// Rows counted at most in one range of an [`Overview`](super::Overview); a count that reaches it is shown as
-/// at least this many (`estimated`).
-pub const COUNT_CAP: usize = 10_000;
-
-/// Index entries a page of [`Admin::tasks`] reads at most: a filter that matches few rows
-/// returns a short page (possibly empty) with where to go on, rather than reading on.
-pub const SCAN: usize = 5_000;
+pub(super) use crate::observe::console::overview::COUNT_CAP;
+pub(super) use crate::observe::console::tasks::SCAN;
 
 /// Why the console could not reach or read a queue.
 ///
@@ -67,7 +62,8 @@ pub enum AdminError {
 /// # Examples
 ///
 /// ```no_run
-/// use tasq::postgres::{Admin, TaskQuery};
+/// use tasq::console::TaskQuery;
+/// use tasq::postgres::Admin;
 /// use tasq::TaskState;
 ///
 /// let admin = Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;

@@ -7,7 +7,7 @@
 //! pause fence, a cancel tells the process that runs the task, a retry brings the dependents
 //! back as a pool's resubmit does), so what an operator does here is what a pool would do.
 //!
-//! Every read is bounded at any table size: counts stop at [`COUNT_CAP`] rows per range (and
+//! Every read is bounded at any table size: counts stop at [`COUNT_CAP`](crate::console::COUNT_CAP) rows per range (and
 //! say so), pages are keyset pages (`id > after`) that read at most [`SCAN`] index entries,
 //! never an `OFFSET`. Nothing from input reaches SQL but as a parameter.
 
@@ -17,8 +17,6 @@ mod overview;
 mod statements;
 mod tasks;
 
-pub use actions::{BulkOutcome, DeadFilter, Retried};
-pub use connect::{Admin, AdminError, COUNT_CAP, SCAN};
-pub use overview::{BreakerOverview, Minute, Overview, QueueOverview, StateCounts, TypeOverview};
+pub use connect::{Admin, AdminError};
+pub(super) use overview::read as overview;
 pub(super) use statements::statements;
-pub use tasks::{Moment, Related, TaskDetail, TaskPage, TaskQuery, TaskRow};

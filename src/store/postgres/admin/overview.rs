@@ -13,8 +13,11 @@ use std::time::{Duration, SystemTime};
 
 use super::connect::{Admin, AdminError, COUNT_CAP};
 use crate::gates::breaker::BreakerState;
-use crate::model::pause::{PauseTarget, Paused};
-use crate::store::postgres::conn::Sql;
+use crate::model::pause::PauseTarget;
+use crate::observe::console::overview::{
+    BreakerOverview, Minute, Overview, QueueOverview, StateCounts, TypeOverview,
+};
+use crate::store::postgres::conn::{Connections, Sql};
 use crate::store::postgres::rows;
 
 /// How many minutes of throughput an [`Overview`] holds, the current one included.
@@ -134,214 +137,6 @@ pub(super) const MINUTES_SQL: &str = "
         (SELECT CASE WHEN count(*) >= $1 THEN min(finished_at) END FROM recent)
     FROM m ORDER BY m.at";
 
-/// How many tasks are in each state. A figure that reached [`COUNT_CAP`] is the planner's
-/// estimate instead, and [`Overview::estimated`] says so.
-///
-/// # Examples
-///
-/// ```
-/// let counts = tasq::postgres::StateCounts::default();
-/// assert_eq!(counts.total(), 0);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StateCounts {
-    /// Waiting for their dependencies.
-    pub blocked: usize,
-    /// Due, waiting for a worker.
-    pub ready: usize,
-    /// Due later (delayed, or a retry in its backoff).
-    pub scheduled: usize,
-    /// Held by a worker.
-    pub running: usize,
-    /// Succeeded and kept (retention).
-    pub succeeded: usize,
-    /// Failed and kept, the dead letters among them.
-    pub failed: usize,
-    /// Cancelled and kept.
-    pub cancelled: usize,
-    /// Dead letters: failed tasks kept for an operator to retry or purge.
-    pub dead: usize,
-}
-
-impl StateCounts {
-    /// Every row counted once (dead letters are among the failed).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let mut counts = tasq::postgres::StateCounts::default();
-    /// counts.ready = 2;
-    /// counts.failed = 1;
-    /// counts.dead = 1;
-    /// assert_eq!(counts.total(), 3);
-    /// ```
-    pub fn total(&self) -> usize {
-        self.blocked
-            + self.ready
-            + self.scheduled
-            + self.running
-            + self.succeeded
-            + self.failed
-            + self.cancelled
-    }
-}
-
-/// One queue's backlog and what the fleet set for it.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// for queue in admin.overview()?.queues {
-///     println!("{}: {} ready, {} running, paused: {}", queue.name, queue.ready, queue.running, queue.paused);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QueueOverview {
-    /// The queue's name.
-    pub name: String,
-    /// Its due tasks waiting for a worker.
-    pub ready: usize,
-    /// Its tasks running now.
-    pub running: usize,
-    /// How long its oldest due task has waited.
-    pub oldest_ready: Option<Duration>,
-    /// Whether the fleet has paused it.
-    pub paused: bool,
-    /// The fleet's limit on its running tasks, if any.
-    pub limit: Option<u32>,
-}
-
-/// One task type's backlog, running tasks and dead letters.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// for t in admin.overview()?.types {
-///     println!("{}: {} ready, {} dead", t.name, t.ready, t.dead);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TypeOverview {
-    /// The type's name, as its rows hold it.
-    pub name: String,
-    /// Its due tasks waiting for a worker.
-    pub ready: usize,
-    /// Its tasks running now.
-    pub running: usize,
-    /// Its dead letters.
-    pub dead: usize,
-    /// How long its oldest due task has waited.
-    pub oldest_ready: Option<Duration>,
-    /// Whether the fleet has paused it.
-    pub paused: bool,
-}
-
-/// The tasks that finished in one minute (those still in the table: retention may have removed
-/// some of an older minute's).
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// let last = admin.overview()?.minutes.last().copied();
-/// if let Some(minute) = last {
-///     println!("{} succeeded, {} failed this minute", minute.succeeded, minute.failed);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Minute {
-    /// The minute's start, by the database's clock.
-    pub at: SystemTime,
-    /// Tasks that succeeded in it.
-    pub succeeded: usize,
-    /// Tasks that failed for good in it (dead letters included).
-    pub failed: usize,
-    /// Tasks cancelled in it.
-    pub cancelled: usize,
-    /// Whether it was counted whole: in a queue that finished more than [`COUNT_CAP`] tasks
-    /// in the last minutes, only the newest are read, and the older minutes are floors (or
-    /// zero, unknown). [`Overview::throughput`] then measures the rate from those read.
-    pub complete: bool,
-}
-
-/// A downstream's circuit breaker, as the fleet shares it.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// for breaker in admin.overview()?.breakers {
-///     println!("{}: {:?} after {} failures", breaker.downstream, breaker.state, breaker.consecutive_failures);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BreakerOverview {
-    /// The downstream's name.
-    pub downstream: String,
-    /// Closed, open or half open.
-    pub state: BreakerState,
-    /// Failures in a row counted toward opening it.
-    pub consecutive_failures: u32,
-    /// When it last opened, if it is open or half open.
-    pub opened_at: Option<SystemTime>,
-}
-
-/// A whole queue at a glance: what [`Admin::overview`] reads.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// let overview = admin.overview()?;
-/// println!(
-///     "{} ready (oldest {:?}), {} running, {} dead letters{}",
-///     overview.states.ready,
-///     overview.oldest_ready,
-///     overview.states.running,
-///     overview.states.dead,
-///     if overview.estimated { " (estimated)" } else { "" },
-/// );
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct Overview {
-    /// The database's time when the figures were read.
-    pub at: SystemTime,
-    /// Tasks in each state.
-    pub states: StateCounts,
-    /// Whether a figure reached [`COUNT_CAP`] and shows an estimate or a floor instead.
-    pub estimated: bool,
-    /// How long the oldest due task has waited.
-    pub oldest_ready: Option<Duration>,
-    /// Due tasks by priority, highest first.
-    pub ready_by_priority: Vec<(u8, usize)>,
-    /// Every queue with tasks ready or running, paused or limited, by name.
-    pub queues: Vec<QueueOverview>,
-    /// Every type with tasks ready or running, dead letters or a pause, by name.
-    pub types: Vec<TypeOverview>,
-    /// The last minutes' outcomes, oldest first (the current minute last, still counting).
-    pub minutes: Vec<Minute>,
-    /// Tasks finished a second, over the last minutes (or, in a queue busier than
-    /// [`COUNT_CAP`] endings in that time, over the time its newest endings took).
-    pub throughput: f64,
-    /// What is paused, for the whole fleet.
-    pub paused: Vec<Paused>,
-    /// The downstreams' breakers.
-    pub breakers: Vec<BreakerOverview>,
-}
-
 /// The minutes read with [`MINUTES_SQL`], and the rate of endings a second; `now` the
 /// database's time.
 fn minutes_of(rows: &[postgres::Row], now: SystemTime, estimated: &mut bool) -> (Vec<Minute>, f64) {
@@ -431,125 +226,129 @@ impl Admin {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn overview(&self) -> Result<Overview, AdminError> {
-        let cap = COUNT_CAP as i64;
-        let (at, state_rows, queue_rows, running_rows, type_rows, dead_rows, minute_rows) = self
-            .run(|c| {
-                let at: SystemTime = c.query_one("SELECT tasq_now()", &[])?.get(0);
-                Ok((
-                    at,
-                    c.query(STATES, &[&cap])?,
-                    c.query(QUEUES, &[&cap])?,
-                    c.query(RUNNING, &[&cap])?,
-                    c.query(READY_TYPES, &[&cap])?,
-                    c.query(DEAD_TYPES, &[&cap])?,
-                    c.query(MINUTES_SQL, &[&cap, &MINUTES])?,
-                ))
-            })?;
-        let mut estimated = false;
-        let mut states = StateCounts::default();
-        for row in &state_rows {
-            let n = count(row.get(1), &mut estimated);
-            match row.get::<_, &str>(0) {
-                "ready" => states.ready = n,
-                "scheduled" => states.scheduled = n,
-                "blocked" => states.blocked = n,
-                "running" => states.running = n,
-                "succeeded" => states.succeeded = n,
-                "failed" => states.failed = n,
-                "cancelled" => states.cancelled = n,
-                _ => states.dead = n,
-            }
-        }
-        let paused = crate::store::postgres::pause::pauses(self)
-            .map_err(|e| AdminError::Db(e.to_string()))?;
-        let limits = crate::store::postgres::queue_limits::limits(self)
-            .map_err(|e| AdminError::Db(e.to_string()))?;
-        let is_paused = |target: PauseTarget| paused.iter().any(|p| p.target == target);
-
-        let mut queues: BTreeMap<String, QueueOverview> = BTreeMap::new();
-        let mut by_priority: BTreeMap<u8, usize> = BTreeMap::new();
-        let mut oldest_ready: Option<Duration> = None;
-        for row in &queue_rows {
-            let name: &str = row.get(0);
-            let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
-            let n = count(row.get(2), &mut estimated);
-            let age = row.get::<_, Option<f64>>(3).map(rows::age);
-            let q = queue(&mut queues, name);
-            q.ready += n;
-            q.oldest_ready = q.oldest_ready.max(age);
-            *by_priority.entry(priority).or_default() += n;
-            oldest_ready = oldest_ready.max(age);
-        }
-        let mut types: BTreeMap<String, TypeOverview> = BTreeMap::new();
-        for row in &running_rows {
-            let (name, task_type): (&str, &str) = (row.get(0), row.get(1));
-            let n = count(row.get(2), &mut estimated);
-            of_type(&mut types, task_type).running += n;
-            queue(&mut queues, name).running += n;
-        }
-        for row in &type_rows {
-            let t = of_type(&mut types, row.get(0));
-            t.ready += count(row.get(1), &mut estimated);
-            t.oldest_ready = t
-                .oldest_ready
-                .max(row.get::<_, Option<f64>>(2).map(rows::age));
-        }
-        for row in &dead_rows {
-            of_type(&mut types, row.get(0)).dead += count(row.get(1), &mut estimated);
-        }
-        for p in &paused {
-            match &p.target {
-                PauseTarget::Queue(name) => {
-                    queue(&mut queues, name);
-                }
-                PauseTarget::Type(name) => {
-                    of_type(&mut types, name);
-                }
-                _ => {}
-            }
-        }
-        for limit in &limits {
-            queue(&mut queues, &limit.queue).limit = Some(limit.max_running);
-        }
-        for q in queues.values_mut() {
-            q.paused = is_paused(PauseTarget::Queue(q.name.clone()));
-        }
-        for t in types.values_mut() {
-            t.paused = is_paused(PauseTarget::Type(t.name.clone()));
-        }
-        let (minutes, throughput) = minutes_of(&minute_rows, at, &mut estimated);
-        Ok(Overview {
-            at,
-            states,
-            estimated,
-            oldest_ready,
-            ready_by_priority: by_priority.into_iter().rev().collect(),
-            queues: queues.into_values().collect(),
-            types: types.into_values().collect(),
-            minutes,
-            throughput,
-            paused,
-            breakers: self.breakers()?,
-        })
+        read(self).map_err(AdminError::Db)
     }
+}
 
-    /// The downstreams' circuit breakers, by name.
-    fn breakers(&self) -> Result<Vec<BreakerOverview>, AdminError> {
-        let rows = self.run(|c| {
-            c.query(
-                "SELECT name, state, consecutive, opened_at FROM tasq_gates
-                 WHERE kind = 'downstream' ORDER BY name",
-                &[],
-            )
+/// The figures of the queue `conns` reach: [`Admin::overview`], and a durable pool's
+/// `Pool::overview`.
+pub(crate) fn read(conns: &impl Connections) -> Result<Overview, String> {
+    let cap = COUNT_CAP as i64;
+    let (at, state_rows, queue_rows, running_rows, type_rows, dead_rows, minute_rows) = conns
+        .with_conn(|c| {
+            let at: SystemTime = c.query_one("SELECT tasq_now()", &[])?.get(0);
+            Ok((
+                at,
+                c.query(STATES, &[&cap])?,
+                c.query(QUEUES, &[&cap])?,
+                c.query(RUNNING, &[&cap])?,
+                c.query(READY_TYPES, &[&cap])?,
+                c.query(DEAD_TYPES, &[&cap])?,
+                c.query(MINUTES_SQL, &[&cap, &MINUTES])?,
+            ))
         })?;
-        Ok(rows
-            .iter()
-            .map(|row| BreakerOverview {
-                downstream: row.get(0),
-                state: BreakerState::parse(row.get(1)),
-                consecutive_failures: u32::try_from(row.get::<_, i32>(2)).unwrap_or(0),
-                opened_at: row.get(3),
-            })
-            .collect())
+    let mut estimated = false;
+    let mut states = StateCounts::default();
+    for row in &state_rows {
+        let n = count(row.get(1), &mut estimated);
+        match row.get::<_, &str>(0) {
+            "ready" => states.ready = n,
+            "scheduled" => states.scheduled = n,
+            "blocked" => states.blocked = n,
+            "running" => states.running = n,
+            "succeeded" => states.succeeded = n,
+            "failed" => states.failed = n,
+            "cancelled" => states.cancelled = n,
+            _ => states.dead = n,
+        }
     }
+    let paused = crate::store::postgres::pause::pauses(conns).map_err(|e| e.to_string())?;
+    let limits = crate::store::postgres::queue_limits::limits(conns).map_err(|e| e.to_string())?;
+    let is_paused = |target: PauseTarget| paused.iter().any(|p| p.target == target);
+
+    let mut queues: BTreeMap<String, QueueOverview> = BTreeMap::new();
+    let mut by_priority: BTreeMap<u8, usize> = BTreeMap::new();
+    let mut oldest_ready: Option<Duration> = None;
+    for row in &queue_rows {
+        let name: &str = row.get(0);
+        let priority = u8::try_from(row.get::<_, i16>(1)).unwrap_or(0);
+        let n = count(row.get(2), &mut estimated);
+        let age = row.get::<_, Option<f64>>(3).map(rows::age);
+        let q = queue(&mut queues, name);
+        q.ready += n;
+        q.oldest_ready = q.oldest_ready.max(age);
+        *by_priority.entry(priority).or_default() += n;
+        oldest_ready = oldest_ready.max(age);
+    }
+    let mut types: BTreeMap<String, TypeOverview> = BTreeMap::new();
+    for row in &running_rows {
+        let (name, task_type): (&str, &str) = (row.get(0), row.get(1));
+        let n = count(row.get(2), &mut estimated);
+        of_type(&mut types, task_type).running += n;
+        queue(&mut queues, name).running += n;
+    }
+    for row in &type_rows {
+        let t = of_type(&mut types, row.get(0));
+        t.ready += count(row.get(1), &mut estimated);
+        t.oldest_ready = t
+            .oldest_ready
+            .max(row.get::<_, Option<f64>>(2).map(rows::age));
+    }
+    for row in &dead_rows {
+        of_type(&mut types, row.get(0)).dead += count(row.get(1), &mut estimated);
+    }
+    for p in &paused {
+        match &p.target {
+            PauseTarget::Queue(name) => {
+                queue(&mut queues, name);
+            }
+            PauseTarget::Type(name) => {
+                of_type(&mut types, name);
+            }
+            _ => {}
+        }
+    }
+    for limit in &limits {
+        queue(&mut queues, &limit.queue).limit = Some(limit.max_running);
+    }
+    for q in queues.values_mut() {
+        q.paused = is_paused(PauseTarget::Queue(q.name.clone()));
+    }
+    for t in types.values_mut() {
+        t.paused = is_paused(PauseTarget::Type(t.name.clone()));
+    }
+    let (minutes, throughput) = minutes_of(&minute_rows, at, &mut estimated);
+    Ok(Overview {
+        at,
+        states,
+        estimated,
+        oldest_ready,
+        ready_by_priority: by_priority.into_iter().rev().collect(),
+        queues: queues.into_values().collect(),
+        types: types.into_values().collect(),
+        minutes,
+        throughput,
+        paused,
+        breakers: breakers(conns)?,
+    })
+}
+
+/// The downstreams' circuit breakers, by name.
+fn breakers(conns: &impl Connections) -> Result<Vec<BreakerOverview>, String> {
+    let rows = conns.with_conn(|c| {
+        c.query(
+            "SELECT name, state, consecutive, opened_at FROM tasq_gates
+                 WHERE kind = 'downstream' ORDER BY name",
+            &[],
+        )
+    })?;
+    Ok(rows
+        .iter()
+        .map(|row| BreakerOverview {
+            downstream: row.get(0),
+            state: BreakerState::parse(row.get(1)),
+            consecutive_failures: u32::try_from(row.get::<_, i32>(2)).unwrap_or(0),
+            opened_at: row.get(3),
+        })
+        .collect())
 }

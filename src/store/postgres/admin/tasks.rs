@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::connect::{Admin, AdminError, SCAN};
 use crate::model::id::TaskId;
 use crate::model::state::TaskState;
+use crate::observe::console::tasks::{Moment, Related, TaskDetail, TaskPage, TaskQuery, TaskRow};
 use crate::store::postgres::conn::Sql;
 use crate::store::postgres::{publish, rows};
 
@@ -33,315 +34,6 @@ pub(super) const BY_KEY: &str = "
          ORDER BY id LIMIT $2)
     )
     SELECT {columns} FROM k JOIN tasq_tasks t ON t.id = k.id ORDER BY t.id LIMIT $2";
-
-/// The most tasks a page holds.
-const MAX_PAGE: usize = 1_000;
-
-/// Which tasks [`Admin::tasks`] lists: every filter given must hold.
-///
-/// # Examples
-///
-/// ```
-/// use tasq::postgres::TaskQuery;
-/// use tasq::TaskState;
-///
-/// let query = TaskQuery::new().state(TaskState::Failed).task_type("email").limit(50);
-/// assert_eq!(query.get_limit(), 50);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TaskQuery {
-    state: Option<TaskState>,
-    task_type: Option<String>,
-    queue: Option<String>,
-    key: Option<String>,
-    dead: bool,
-    after: Option<TaskId>,
-    limit: usize,
-}
-
-impl Default for TaskQuery {
-    fn default() -> Self {
-        TaskQuery {
-            state: None,
-            task_type: None,
-            queue: None,
-            key: None,
-            dead: false,
-            after: None,
-            limit: 50,
-        }
-    }
-}
-
-impl TaskQuery {
-    /// Every task, 50 a page.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(tasq::postgres::TaskQuery::new().get_limit(), 50);
-    /// ```
-    pub fn new() -> Self {
-        TaskQuery::default()
-    }
-
-    /// Only tasks in `state`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let running = tasq::postgres::TaskQuery::new().state(tasq::TaskState::Running);
-    /// # let _ = running;
-    /// ```
-    pub fn state(mut self, state: TaskState) -> Self {
-        self.state = Some(state);
-        self
-    }
-
-    /// Only tasks of the type named `name`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let emails = tasq::postgres::TaskQuery::new().task_type("email");
-    /// # let _ = emails;
-    /// ```
-    pub fn task_type(mut self, name: impl Into<String>) -> Self {
-        self.task_type = Some(name.into());
-        self
-    }
-
-    /// Only tasks in the queue named `name`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let slow = tasq::postgres::TaskQuery::new().queue("slow");
-    /// # let _ = slow;
-    /// ```
-    pub fn queue(mut self, name: impl Into<String>) -> Self {
-        self.queue = Some(name.into());
-        self
-    }
-
-    /// Only tasks submitted with the idempotency key `key`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let order = tasq::postgres::TaskQuery::new().key("order-42");
-    /// # let _ = order;
-    /// ```
-    pub fn key(mut self, key: impl Into<String>) -> Self {
-        self.key = Some(key.into());
-        self
-    }
-
-    /// Only dead letters (failed tasks kept for an operator).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let dead = tasq::postgres::TaskQuery::new().dead();
-    /// # let _ = dead;
-    /// ```
-    pub fn dead(mut self) -> Self {
-        self.dead = true;
-        self.state = Some(TaskState::Failed);
-        self
-    }
-
-    /// The page after the task `id` (the previous page's [`TaskPage::next`]).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let id = tasq::TaskId::from_parts(1, 100);
-    /// let next = tasq::postgres::TaskQuery::new().after(id);
-    /// # let _ = next;
-    /// ```
-    pub fn after(mut self, id: TaskId) -> Self {
-        self.after = Some(id);
-        self
-    }
-
-    /// At most `limit` tasks a page (1 to 1,000; 50 unless set).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let query = tasq::postgres::TaskQuery::new().limit(5_000);
-    /// assert_eq!(query.get_limit(), 1_000);
-    /// ```
-    pub fn limit(mut self, limit: usize) -> Self {
-        self.limit = limit.clamp(1, MAX_PAGE);
-        self
-    }
-
-    /// The page size.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(tasq::postgres::TaskQuery::new().limit(0).get_limit(), 1);
-    /// ```
-    pub fn get_limit(&self) -> usize {
-        self.limit
-    }
-}
-
-/// One task as a list shows it.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// for row in admin.tasks(&tasq::postgres::TaskQuery::new())?.tasks {
-///     println!("{} {} {:?} attempt {}/{}", row.id, row.task_type, row.state, row.attempts, row.max_attempts);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TaskRow {
-    /// The task's id.
-    pub id: TaskId,
-    /// Its type's name, as its row holds it.
-    pub task_type: String,
-    /// Its queue.
-    pub queue: String,
-    /// Its state now, by the database's clock.
-    pub state: TaskState,
-    /// Whether it is a dead letter.
-    pub dead: bool,
-    /// Its own priority (not the one aging raised it to).
-    pub priority: u8,
-    /// Attempts started.
-    pub attempts: u32,
-    /// Attempts it may have.
-    pub max_attempts: u32,
-    /// When it is or was due.
-    pub run_at: SystemTime,
-    /// Its idempotency key.
-    pub key: Option<String>,
-    /// The last attempt's error.
-    pub last_error: Option<String>,
-    /// When it was submitted.
-    pub created_at: SystemTime,
-    /// When it finished, if it has.
-    pub finished_at: Option<SystemTime>,
-}
-
-/// A page of [`Admin::tasks`].
-///
-/// # Examples
-///
-/// ```no_run
-/// use tasq::postgres::{Admin, TaskQuery};
-/// let admin = Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// let mut query = TaskQuery::new().limit(100);
-/// loop {
-///     let page = admin.tasks(&query)?;
-///     println!("{} tasks", page.tasks.len());
-///     match page.next {
-///         Some(next) => query = query.after(next),
-///         None => break,
-///     }
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TaskPage {
-    /// The tasks, by id.
-    pub tasks: Vec<TaskRow>,
-    /// Where the next page starts (`TaskQuery::after`), if there may be one.
-    pub next: Option<TaskId>,
-}
-
-/// A dependency or dependent of a task.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// if let Some(task) = admin.task(admin.task_id(1))? {
-///     for dep in task.dependencies {
-///         println!("waits for {} ({:?})", dep.id, dep.task);
-///     }
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Related {
-    /// Its id.
-    pub id: TaskId,
-    /// Its type and state, if its row is still kept.
-    pub task: Option<(String, TaskState)>,
-}
-
-/// One moment of a task's life, as its row tells it.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// if let Some(task) = admin.task(admin.task_id(1))? {
-///     for moment in task.timeline {
-///         println!("{:?} {}", moment.at, moment.what);
-///     }
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Moment {
-    /// When.
-    pub at: SystemTime,
-    /// What: `submitted`, `due`, `lease ends`, `succeeded`, `failed`, `cancelled`.
-    pub what: &'static str,
-}
-
-/// Everything a task's row holds: what [`Admin::task`] reads.
-///
-/// # Examples
-///
-/// ```no_run
-/// let admin = tasq::postgres::Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
-/// if let Some(task) = admin.task(admin.task_id(1))? {
-///     println!("{} {:?}: payload {}", task.row.task_type, task.row.state, task.payload);
-/// }
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct TaskDetail {
-    /// What a list shows of it.
-    pub row: TaskRow,
-    /// Its payload, as JSON.
-    pub payload: Value,
-    /// Its output, once it succeeded.
-    pub output: Option<Value>,
-    /// The lease it runs under, while it runs.
-    pub lease_id: Option<i64>,
-    /// When that lease ends unless renewed.
-    pub lease_until: Option<SystemTime>,
-    /// Why it failed for good (`error`, `panic`, `attempts`, `timeout`...).
-    pub failure_reason: Option<String>,
-    /// Why it was cancelled.
-    pub cancel_reason: Option<String>,
-    /// A cancel asked of the process that runs it, not yet seen.
-    pub cancel_requested: Option<String>,
-    /// The task a resubmit or retry made of it.
-    pub resubmitted_as: Option<TaskId>,
-    /// The tasks it waits for (at most 100).
-    pub dependencies: Vec<Related>,
-    /// The tasks that wait for it (at most 100).
-    pub dependents: Vec<Related>,
-    /// Its life so far, oldest first.
-    pub timeline: Vec<Moment>,
-}
 
 /// The statements of [`Admin::task`]: the row (`$1` its id), its dependencies, its
 /// dependents.
@@ -393,7 +85,8 @@ impl Admin {
     /// # Examples
     ///
     /// ```no_run
-    /// use tasq::postgres::{Admin, TaskQuery};
+    /// use tasq::console::TaskQuery;
+    /// use tasq::postgres::Admin;
     /// let admin = Admin::connect("host=127.0.0.1 user=postgres dbname=test")?;
     /// let dead = admin.tasks(&TaskQuery::new().dead().task_type("email"))?;
     /// assert!(dead.tasks.iter().all(|t| t.dead && t.task_type == "email"));
@@ -505,13 +198,14 @@ impl Admin {
         };
         let task = self.row_of(&row);
         let lease_until: Option<SystemTime> = row.get(17);
+        let (created_at, run_at): (SystemTime, SystemTime) = (row.get(12), row.get(9));
         let mut timeline = vec![Moment {
-            at: task.created_at,
+            at: created_at,
             what: "submitted",
         }];
-        if task.run_at > task.created_at {
+        if run_at > created_at {
             timeline.push(Moment {
-                at: task.run_at,
+                at: run_at,
                 what: "due",
             });
         }
@@ -531,8 +225,12 @@ impl Admin {
         }
         timeline.sort_by_key(|m| m.at);
         Ok(Some(TaskDetail {
-            payload: row.get::<_, Option<Value>>(14).unwrap_or(Value::Null),
-            output: row.get(15),
+            payload: Some(
+                row.get::<_, Option<Value>>(14)
+                    .unwrap_or(Value::Null)
+                    .to_string(),
+            ),
+            output: row.get::<_, Option<Value>>(15).map(|v| v.to_string()),
             lease_id: row.get(16),
             lease_until,
             failure_reason: row.get(18),
@@ -557,10 +255,10 @@ impl Admin {
             priority: u8::try_from(row.get::<_, i16>(6)).unwrap_or(0),
             attempts: u32::try_from(row.get::<_, i32>(7)).unwrap_or(0),
             max_attempts: u32::try_from(row.get::<_, i32>(8)).unwrap_or(0),
-            run_at: row.get(9),
+            run_at: Some(row.get(9)),
             key: row.get(10),
             last_error: row.get(11),
-            created_at: row.get(12),
+            created_at: Some(row.get(12)),
             finished_at: row.get(13),
         }
     }
