@@ -2656,6 +2656,58 @@ fn walk_tasks(sh: &Shared<'_>, rng: &mut Rng, listing: &mut Listing) {
     }
 }
 
+/// What the dashboard of the pool reads (`Pool::overview`, `Pool::task_page`), checked
+/// against itself: one overview is one reading under the lock, so its types' and queues'
+/// ready and running tasks add up to its states', and a dead letter is a failed task; a page
+/// keeps to its filter and its limit.
+fn look_as_an_operator(sh: &Shared<'_>, rng: &mut Rng) {
+    let (pool, findings) = (sh.pool, sh.findings);
+    let Some(Ok(o)) = guarded(findings, || "overview()".to_owned(), || pool.overview()) else {
+        findings.add("overview() failed on the embedded store", String::new);
+        return;
+    };
+    let s = o.states;
+    let types_ready: usize = o.types.iter().map(|t| t.ready).sum();
+    let types_running: usize = o.types.iter().map(|t| t.running).sum();
+    let queues_ready: usize = o.queues.iter().map(|q| q.ready).sum();
+    let types_dead: usize = o.types.iter().map(|t| t.dead).sum();
+    if (types_ready, types_running, queues_ready, types_dead)
+        != (s.ready, s.running, s.ready, s.dead)
+        || s.dead > s.failed
+        || o.estimated
+    {
+        findings.add("an overview that does not add up", || format!("{o:?}"));
+    }
+    let mut query = tasq::console::TaskQuery::new().limit(1 + rng.below(40) as usize);
+    let ty = Ty::ALL[rng.below(Ty::ALL.len() as u64) as usize];
+    let kind = rng.below(3);
+    query = match kind {
+        0 => query.dead(),
+        1 => query.task_type(ty.task_type().name()),
+        _ => query.queue(tasq::DEFAULT_QUEUE),
+    };
+    let Some(page) = guarded(
+        findings,
+        || format!("task_page({query:?})"),
+        || pool.task_page(&query),
+    ) else {
+        return;
+    };
+    let fits = page.tasks.len() <= query.get_limit()
+        && page.tasks.windows(2).all(|w| w[0].id < w[1].id)
+        && page.tasks.iter().all(|t| match kind {
+            // (A dead letter the producer resubmits meanwhile is read as no longer dead.)
+            0 => t.state == TaskState::Failed,
+            1 => t.task_type == ty.task_type().name(),
+            _ => t.queue == tasq::DEFAULT_QUEUE,
+        });
+    if !fits {
+        findings.add("a console page out of its limit, order or filter", || {
+            format!("{query:?}: {page:?}")
+        });
+    }
+}
+
 /// Samples `stats()` until shutdown begins: the worker count must never drop. Now and then
 /// walks through the tasks (`walk_tasks`).
 fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64, Listing) {
@@ -2730,6 +2782,9 @@ fn sample(sh: &Shared<'_>, cfg: &Config) -> (usize, u64, Listing) {
         *sh.last_stats.lock().unwrap() = format!("{stats:?}");
         if samples % 8 == 0 {
             walk_tasks(sh, &mut rng, &mut listing);
+        }
+        if samples % 64 == 0 {
+            look_as_an_operator(sh, &mut rng);
         }
         thread::sleep(Duration::from_millis(1));
     }

@@ -506,3 +506,109 @@ fn a_read_only_dashboard_has_no_buttons_and_refuses_actions() {
     pool.shutdown(HANG_GUARD);
     running.stop();
 }
+
+/// A pool in the test's own process (the embedded store), with its dashboard: mails fail
+/// until `fixed` is set.
+fn embedded(fixed: Arc<AtomicU32>) -> Arc<Pool> {
+    let pool = Pool::builder()
+        .workers(1)
+        .queue("mail", 1)
+        .register_with(
+            MAIL,
+            TypeOptions::new().queue("mail"),
+            move |_, to: &String| {
+                if fixed.load(Ordering::SeqCst) == 0 {
+                    Err(HandlerError::permanent(format!("no such mailbox: {to}")))
+                } else {
+                    Ok(format!("sent to {to}"))
+                }
+            },
+        )
+        .register(REPORT, |_, n: &u32| Ok::<_, HandlerError>(n * 2))
+        .build()
+        .unwrap();
+    Arc::new(pool)
+}
+
+#[test]
+fn an_embedded_pool_s_dashboard_shows_its_figures_and_its_buttons_act_on_it() {
+    let Some(browser) = browser() else { return };
+    let fixed = Arc::new(AtomicU32::new(0));
+    let pool = embedded(fixed.clone());
+    let dead = pool
+        .submit(MAIL.task("bad@example.com".to_owned()))
+        .unwrap();
+    assert!(dead.wait_timeout(HANG_GUARD).unwrap().is_failed());
+    for i in 0..3 {
+        pool.submit(REPORT.task(i))
+            .unwrap()
+            .wait_timeout(HANG_GUARD)
+            .unwrap();
+    }
+    // Waiting work: three reports held by a pause of their type, one due in an hour.
+    assert!(pool.pause(PauseTarget::task_type("report")).unwrap());
+    let held: Vec<_> = (10..13)
+        .map(|i| pool.submit(REPORT.task(i)).unwrap())
+        .collect();
+    pool.submit(REPORT.task(99).delay(Duration::from_secs(3600)))
+        .unwrap();
+    let running = Dashboard::new(Arc::clone(&pool))
+        .bind("127.0.0.1:0")
+        .sample_every(Duration::from_millis(100))
+        .refresh_every(None)
+        .start()
+        .unwrap();
+    let base = format!("http://{}", running.addr());
+    let tab = tab(browser);
+    open(&tab, &format!("{base}/"));
+    // The page's figures are the pool's.
+    let states = pool.overview().unwrap().states;
+    assert_eq!(text(&tab, "#n-ready"), states.ready.to_string());
+    assert_eq!(text(&tab, "#n-ready"), "3");
+    assert_eq!(text(&tab, "#n-scheduled"), "1");
+    assert_eq!(text(&tab, "#n-succeeded"), "3");
+    assert_eq!(text(&tab, "#n-dead"), "1");
+    assert!(text(&tab, "tr[data-type='report']").contains("paused"));
+    assert!(text(&tab, "tr[data-queue='mail']").contains("mail"));
+    screenshot(&tab, "embedded-overview.png");
+
+    // Resume the reports by clicking: they run.
+    click(&tab, "tr[data-type='report'] button.resume");
+    assert_eq!(text(&tab, "#flash"), "type report: resumed");
+    for handle in &held {
+        assert!(handle.wait_timeout(HANG_GUARD).unwrap().is_succeeded());
+    }
+    assert!(pool.paused().unwrap().is_empty());
+
+    // The dead letter's Retry button: the new task runs, and succeeds now.
+    fixed.store(1, Ordering::SeqCst);
+    open(&tab, &format!("{base}/dead"));
+    assert!(text(&tab, "#tasks").contains("no such mailbox: bad@example.com"));
+    click(
+        &tab,
+        &format!("tr[data-id='{}'] button.retry", dead.id().seq()),
+    );
+    let flash = text(&tab, "#flash");
+    let new: u64 = flash
+        .strip_prefix("Retried as task ")
+        .unwrap_or_else(|| panic!("{flash}"))
+        .parse()
+        .unwrap();
+    let handle = pool
+        .handle(MAIL, tasq::TaskId::from_parts(pool.id(), new))
+        .expect("the new task");
+    assert_eq!(
+        handle.wait_timeout(HANG_GUARD).unwrap().succeeded(),
+        Some("sent to bad@example.com".to_owned())
+    );
+    open(&tab, &format!("{base}/tasks/{new}"));
+    assert_eq!(text(&tab, "#state"), "succeeded");
+    assert_eq!(text(&tab, "#payload"), "kept by the pool as a Rust value");
+    open(&tab, &format!("{base}/tasks/{}", dead.id().seq()));
+    assert!(
+        text(&tab, "main").contains(&new.to_string()),
+        "the old task names the new one"
+    );
+    running.stop();
+    pool.shutdown(HANG_GUARD);
+}

@@ -369,7 +369,11 @@ fn post(
             match result {
                 Ok(_) => done(
                     back,
-                    format!("{}: {verb}d for the fleet", pages::target_name(&target)),
+                    format!(
+                        "{}: {verb}d{}",
+                        pages::target_name(&target),
+                        source.pause_reach()
+                    ),
                 ),
                 Err(e) => problem(e),
             }

@@ -60,4 +60,8 @@ impl Source for Admin {
     fn schedules(&self) -> Result<Vec<ScheduleInfo>, String> {
         Admin::schedules(self).map_err(text)
     }
+
+    fn pause_reach(&self) -> &'static str {
+        " for the fleet"
+    }
 }

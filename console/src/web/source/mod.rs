@@ -51,4 +51,9 @@ pub trait Source: Send + Sync + 'static {
     fn resume(&self, target: &PauseTarget) -> Result<bool, String>;
     /// The periodic tasks.
     fn schedules(&self) -> Result<Vec<ScheduleInfo>, String>;
+    /// Who a pause reaches, as the page says it after the verb: `" for the fleet"` for a
+    /// durable queue, nothing where the source cannot tell.
+    fn pause_reach(&self) -> &'static str {
+        ""
+    }
 }
