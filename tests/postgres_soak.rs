@@ -1266,6 +1266,25 @@ fn sample(cx: &Cx<'_>, a_closing: &AtomicBool, stop: Receiver<()>) {
                 _ => break,
             }
         }
+        if turn % 5 == 0 {
+            // What the dashboard of pool B reads: the overview (each state's count from one
+            // statement, so a dead letter is among the failed), and a page of dead letters.
+            match cx.b.overview() {
+                Ok(o) => cx.f.check(
+                    o.states.dead <= o.states.failed,
+                    "an overview with more dead letters than failed tasks",
+                    || format!("{:?}", o.states),
+                ),
+                Err(e) => cx.f.check(false, "overview() failed", || e.to_string()),
+            }
+            let dead =
+                cx.b.task_page(&tasq::console::TaskQuery::new().dead().limit(20));
+            cx.f.check(
+                dead.tasks.len() <= 20 && dead.tasks.iter().all(|t| t.state == TaskState::Failed),
+                "a console page of dead letters lists a task that is not failed",
+                || format!("{dead:?}"),
+            );
+        }
         let (a, b) = (cx.a.stats(), cx.b.stats());
         // Read after the stats: if unset, they were taken before A's shutdown began.
         let a_open = !a_closing.load(Ordering::SeqCst);
