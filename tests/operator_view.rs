@@ -38,7 +38,8 @@ fn two_queues(builder: support_store::TestBuilder) -> TestPool {
 }
 
 /// [`two_queues`], which has run: three successes (job 1, job 2,
-/// mail 3), two dead letters (job 0, mail 0); then, with queue `mail` paused, two ready mails
+/// mail 3), two dead letters (job 0, mail 0); then, with queue `mail` paused and limited to 3
+/// running, two ready mails
 /// (5, and 6 keyed `k6`) and a job delayed an hour (7). Returns the ids by payload order
 /// `[job 1, job 2, mail 3, job 0, mail 0, mail 5, mail 6, job 7]`.
 fn made(builder: support_store::TestBuilder) -> (TestPool, Vec<TaskId>) {
@@ -56,6 +57,7 @@ fn made(builder: support_store::TestBuilder) -> (TestPool, Vec<TaskId>) {
         ids.push(handle.id());
     }
     assert!(pool.pause(PauseTarget::queue("mail")).unwrap());
+    assert_eq!(pool.set_queue_limit("mail", Some(3)).unwrap(), None);
     for task in [
         MAIL.task(5),
         MAIL.task(6).key("k6"),
@@ -88,16 +90,21 @@ conformance! {
 
         let mail = o.queues.iter().find(|q| q.name == "mail").expect("queue mail");
         assert_eq!((mail.ready, mail.running, mail.paused), (2, 0, true));
+        assert_eq!(mail.limit, Some(3));
+        assert!(mail.oldest_ready.is_some_and(|age| age <= o.oldest_ready.unwrap()));
         assert!(o.queues.iter().filter(|q| q.name != "mail").all(|q| q.ready == 0 && !q.paused));
         let of_type = |name: &str| o.types.iter().find(|t| t.name == name).cloned();
         let mail = of_type("mail").expect("type mail");
         assert_eq!((mail.ready, mail.dead, mail.paused), (2, 1, false));
+        assert!(mail.oldest_ready.is_some());
+        assert!(of_type("job").is_none_or(|job| job.oldest_ready.is_none() && job.ready == 0));
         assert_eq!(of_type("job").expect("type job").dead, 1);
         assert!(o.paused.iter().any(|p| p.target == PauseTarget::queue("mail")));
 
         let sum = |f: fn(&tasq::console::Minute) -> usize| o.minutes.iter().map(f).sum::<usize>();
         assert_eq!((sum(|m| m.succeeded), sum(|m| m.failed), sum(|m| m.cancelled)), (3, 2, 0));
         assert!(o.minutes.windows(2).all(|w| w[0].at < w[1].at), "oldest first");
+        assert!(o.minutes.iter().all(|m| m.at <= o.at && m.complete), "{:?} at {:?}", o.minutes, o.at);
         assert!(o.throughput > 0.0);
     }
 
@@ -111,6 +118,10 @@ conformance! {
         assert_eq!(row_ids(&second.tasks), [ids[2]]);
         assert_eq!(second.next, None);
 
+        // Sifted by queue over several reads: never more than the limit, going on after it.
+        let two = pool.task_page(&TaskQuery::new().queue("mail").limit(2));
+        assert_eq!(row_ids(&two.tasks), [ids[2], ids[4]]);
+        assert_eq!(two.next, Some(ids[4]));
         let mail = pool.task_page(&TaskQuery::new().queue("mail"));
         assert_eq!(row_ids(&mail.tasks), [ids[2], ids[4], ids[5], ids[6]]);
         assert!(mail.tasks.iter().all(|t| t.queue == "mail" && t.task_type == "mail"));
@@ -123,6 +134,9 @@ conformance! {
         assert_eq!(keyed.tasks[0].key.as_deref(), Some("k6"));
         assert_eq!(keyed.tasks[0].state, TaskState::Ready);
         assert!(pool.task_page(&TaskQuery::new().key("k6").after(ids[6])).tasks.is_empty());
+        assert_eq!(row_ids(&pool.task_page(&TaskQuery::new().key("k6").after(ids[5])).tasks), [ids[6]]);
+        let other_state = TaskQuery::new().key("k6").state(TaskState::Succeeded);
+        assert!(pool.task_page(&other_state).tasks.is_empty(), "a key's task kept to the filter");
         assert!(pool.task_page(&TaskQuery::new().key("nobody")).tasks.is_empty());
 
         let dead = pool.task_page(&TaskQuery::new().dead());
@@ -190,5 +204,21 @@ conformance! {
         assert_eq!(old, retried.id);
         assert!(finish(&pool.handle(JOB, new.unwrap()).unwrap()).is_failed());
         assert_eq!(row_ids(&pool.task_page(&TaskQuery::new().dead()).tasks), [new.unwrap()]);
+    }
+
+    fn a_page_sifted_by_queue_reads_at_most_scan_tasks_and_says_where_to_go_on(builder) {
+        let pool = two_queues(builder);
+        let hour = Duration::from_secs(3_600);
+        let jobs: Vec<_> = (1..=tasq::console::SCAN as u32 + 100)
+            .map(|n| JOB.task(n).delay(hour))
+            .collect();
+        let jobs = pool.submit_batch(jobs).unwrap();
+        let mail = pool.submit(MAIL.task(1).delay(hour)).unwrap();
+        let first = pool.task_page(&TaskQuery::new().queue("mail"));
+        assert!(first.tasks.is_empty(), "no mail among the first {} tasks", tasq::console::SCAN);
+        assert_eq!(first.next, Some(jobs[tasq::console::SCAN - 1].id()));
+        let second = pool.task_page(&TaskQuery::new().queue("mail").after(first.next.unwrap()));
+        assert_eq!(row_ids(&second.tasks), [mail.id()]);
+        assert_eq!(second.next, None);
     }
 }

@@ -370,8 +370,29 @@ fn one_fleet_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Whether every task has ended; fails once `limit` has passed since `started`.
-fn all_ended(sql: &mut Client, started: Instant, limit: Duration) -> bool {
+/// How the tasks left to end have gone down: a hang guard that measures progress, not time,
+/// so a run on a busy machine is slower but never fails for it.
+struct Progress {
+    /// The fewest tasks left seen so far, and when that many were first seen.
+    fewest: i64,
+    since: Instant,
+    /// How long the tasks left may stay without one ending.
+    stall: Duration,
+}
+
+impl Progress {
+    fn new(stall: Duration) -> Progress {
+        Progress {
+            fewest: i64::MAX,
+            since: Instant::now(),
+            stall,
+        }
+    }
+}
+
+/// Whether every task has ended; fails once no task has ended for `progress.stall` (a task
+/// lost, or the fleet stuck).
+fn all_ended(sql: &mut Client, progress: &mut Progress) -> bool {
     let left: i64 = sql
         .query_one(
             "SELECT count(*) FROM tasq_tasks
@@ -380,9 +401,14 @@ fn all_ended(sql: &mut Client, started: Instant, limit: Duration) -> bool {
         )
         .unwrap()
         .get(0);
+    if left < progress.fewest {
+        progress.fewest = left;
+        progress.since = Instant::now();
+    }
     assert!(
-        left == 0 || started.elapsed() < limit,
-        "{left} tasks left after {limit:?}"
+        left == 0 || progress.since.elapsed() < progress.stall,
+        "{left} tasks left, and none ended in the last {:?}",
+        progress.stall
     );
     left == 0
 }
@@ -553,7 +579,8 @@ fn kill_9_chaos_loses_nothing() {
             .get(0)
     };
     let started = Instant::now();
-    while !all_ended(&mut sql, started, Duration::from_secs(600)) {
+    let mut progress = Progress::new(Duration::from_secs(120));
+    while !all_ended(&mut sql, &mut progress) {
         // The chaos schedule: a kill every 1 to 3 seconds.
         std::thread::sleep(Duration::from_millis(1_000 + rng.below(2_000)));
         let pause = kills % 3 == 1;
@@ -997,7 +1024,8 @@ fn a_fleet_built_differently_keeps_one_truth_through_kills_and_stops() {
     let mut rng = Rng(0xF1EE7);
     let (mut kills, mut stops) = (0_i64, 0_i64);
     let started = Instant::now();
-    while !all_ended(&mut sql, started, Duration::from_secs(300)) {
+    let mut progress = Progress::new(Duration::from_secs(120));
+    while !all_ended(&mut sql, &mut progress) {
         std::thread::sleep(Duration::from_millis(400 + rng.below(600)));
         if rng.below(3) == 0 {
             // Stopped past its lease: the others take its claims over.

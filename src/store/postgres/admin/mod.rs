@@ -7,9 +7,10 @@
 //! pause fence, a cancel tells the process that runs the task, a retry brings the dependents
 //! back as a pool's resubmit does), so what an operator does here is what a pool would do.
 //!
-//! Every read is bounded at any table size: counts stop at [`COUNT_CAP`](crate::console::COUNT_CAP) rows per range (and
-//! say so), pages are keyset pages (`id > after`) that read at most [`SCAN`] index entries,
-//! never an `OFFSET`. Nothing from input reaches SQL but as a parameter.
+//! Every read is bounded at any table size: counts stop at
+//! [`COUNT_CAP`](crate::console::COUNT_CAP) rows per range (and say so), pages are keyset pages
+//! (`id > after`) that read at most [`SCAN`](crate::console::SCAN) index entries, never an
+//! `OFFSET`. Nothing from input reaches SQL but as a parameter.
 
 mod actions;
 mod connect;
