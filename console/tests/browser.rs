@@ -133,6 +133,16 @@ fn click(tab: &Tab, selector: &str) {
     tab.wait_until_navigated().unwrap();
 }
 
+/// The number of the task a retry made, as the page's message after the click names it.
+fn retried_as(tab: &Tab) -> u64 {
+    let flash = text(tab, "#flash");
+    flash
+        .strip_prefix("Retried as task ")
+        .unwrap_or_else(|| panic!("{flash}"))
+        .parse()
+        .unwrap()
+}
+
 fn screenshot(tab: &Tab, name: &str) {
     let png = tab
         .capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)
@@ -270,12 +280,7 @@ fn the_overview_shows_the_rows_and_a_click_retries_a_dead_letter() {
     let seq = dead.id().seq();
     assert!(text(&tab, "#tasks").contains("no such mailbox: bad@example.com"));
     click(&tab, &format!("tr[data-id='{seq}'] button.retry"));
-    let flash = text(&tab, "#flash");
-    let new: u64 = flash
-        .strip_prefix("Retried as task ")
-        .unwrap_or_else(|| panic!("{flash}"))
-        .parse()
-        .unwrap();
+    let new = retried_as(&tab);
     let admin = Admin::connect(&db.url).unwrap();
     let handle = pool.handle(MAIL, admin.task_id(new)).expect("the new task");
     assert_eq!(
@@ -588,12 +593,7 @@ fn an_embedded_pool_s_dashboard_shows_its_figures_and_its_buttons_act_on_it() {
         &tab,
         &format!("tr[data-id='{}'] button.retry", dead.id().seq()),
     );
-    let flash = text(&tab, "#flash");
-    let new: u64 = flash
-        .strip_prefix("Retried as task ")
-        .unwrap_or_else(|| panic!("{flash}"))
-        .parse()
-        .unwrap();
+    let new = retried_as(&tab);
     let handle = pool
         .handle(MAIL, tasq::TaskId::from_parts(pool.id(), new))
         .expect("the new task");

@@ -19,7 +19,7 @@ use crate::observe::console::overview::Overview;
 use crate::observe::console::tasks::{
     Moment, Related, SCAN, TaskDetail, TaskPage, TaskQuery, TaskRow,
 };
-use crate::observe::stats::{TaskFilter, TaskInfo};
+use crate::observe::stats::TaskInfo;
 use crate::sync::Arc;
 
 impl Pool {
@@ -72,11 +72,7 @@ impl Pool {
     pub fn task_page(&self, query: &TaskQuery) -> TaskPage {
         let keeps = |info: &TaskInfo| {
             query.queue.as_deref().is_none_or(|q| q == info.queue)
-                && query
-                    .task_type
-                    .as_deref()
-                    .is_none_or(|t| t == info.task_type)
-                && query.state.is_none_or(|s| s == info.state)
+                && query.filter.keeps(info.state, info.task_type)
         };
         if let Some(key) = &query.key {
             let tasks = self
@@ -96,8 +92,8 @@ impl Pool {
             let want = query.limit - tasks.len();
             let batch: Vec<TaskInfo> = if query.dead {
                 let type_index = query
-                    .task_type
-                    .as_deref()
+                    .filter
+                    .get_task_type()
                     .and_then(|t| self.store.registry().index_of(t));
                 self.store
                     .dead_letters(after, type_index, want)
@@ -105,14 +101,7 @@ impl Pool {
                     .filter_map(|letter| self.info(letter.id))
                     .collect()
             } else {
-                let mut filter = TaskFilter::new();
-                if let Some(state) = query.state {
-                    filter = filter.state(state);
-                }
-                if let Some(name) = &query.task_type {
-                    filter = filter.task_type(name.clone());
-                }
-                self.tasks(&filter, after, want)
+                self.tasks(&query.filter, after, want)
             };
             let full = batch.len() == want;
             read += batch.len();

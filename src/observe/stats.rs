@@ -276,6 +276,12 @@ impl TaskFilter {
     pub fn get_task_type(&self) -> Option<&str> {
         self.task_type.as_deref()
     }
+
+    /// Whether a task in `state` of type `task_type` is one this filter keeps.
+    pub(crate) fn keeps(&self, state: TaskState, task_type: &str) -> bool {
+        self.state.is_none_or(|s| s == state)
+            && self.task_type.as_deref().is_none_or(|t| t == task_type)
+    }
 }
 
 /// What [`Pool::shutdown`](crate::Pool::shutdown) did.

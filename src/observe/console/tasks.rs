@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use crate::model::id::TaskId;
 use crate::model::state::TaskState;
+use crate::observe::stats::TaskFilter;
 
 /// Index entries a page of tasks reads at most on the durable store: a filter that matches
 /// few rows returns a short page (possibly empty) with where to go on, rather than reading on.
@@ -27,8 +28,8 @@ pub(crate) const MAX_PAGE: usize = 1_000;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskQuery {
-    pub(crate) state: Option<TaskState>,
-    pub(crate) task_type: Option<String>,
+    /// The state and type kept, as [`Pool::tasks`](crate::Pool::tasks) takes them.
+    pub(crate) filter: TaskFilter,
     pub(crate) queue: Option<String>,
     pub(crate) key: Option<String>,
     pub(crate) dead: bool,
@@ -39,8 +40,7 @@ pub struct TaskQuery {
 impl Default for TaskQuery {
     fn default() -> Self {
         TaskQuery {
-            state: None,
-            task_type: None,
+            filter: TaskFilter::new(),
             queue: None,
             key: None,
             dead: false,
@@ -71,7 +71,7 @@ impl TaskQuery {
     /// # let _ = running;
     /// ```
     pub fn state(mut self, state: TaskState) -> Self {
-        self.state = Some(state);
+        self.filter = self.filter.state(state);
         self
     }
 
@@ -84,7 +84,7 @@ impl TaskQuery {
     /// # let _ = emails;
     /// ```
     pub fn task_type(mut self, name: impl Into<String>) -> Self {
-        self.task_type = Some(name.into());
+        self.filter = self.filter.task_type(name);
         self
     }
 
@@ -124,7 +124,7 @@ impl TaskQuery {
     /// ```
     pub fn dead(mut self) -> Self {
         self.dead = true;
-        self.state = Some(TaskState::Failed);
+        self.filter = self.filter.state(TaskState::Failed);
         self
     }
 

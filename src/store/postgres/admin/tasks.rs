@@ -101,9 +101,13 @@ impl Admin {
                 .unwrap_or(if id.pool() < self.queue { 0 } else { i64::MAX }),
         };
         let waiting = query.key.is_none()
-            && matches!(query.state, Some(TaskState::Ready | TaskState::Scheduled));
+            && matches!(
+                query.filter.get_state(),
+                Some(TaskState::Ready | TaskState::Scheduled)
+            );
         // The dead letters' shape keeps neither a type nor a queue: those are kept here.
-        let dead_sifted = query.dead && query.key.is_none() && query.task_type.is_some();
+        let dead_sifted =
+            query.dead && query.key.is_none() && query.filter.get_task_type().is_some();
         let sifted = query.queue.is_some() || dead_sifted || waiting;
         let read = if sifted { SCAN } else { query.limit } as i64;
         let rows = match &query.key {
@@ -120,8 +124,10 @@ impl Admin {
                 self.run(|c| c.query(sql.as_str(), &[&after, &read]))?
             }
             None => {
-                let sql = publish::page_of(ROW_COLUMNS, query.state, query.task_type.is_some());
-                self.run(|c| match &query.task_type {
+                let by_type = query.filter.get_task_type();
+                let sql =
+                    publish::page_of(ROW_COLUMNS, query.filter.get_state(), by_type.is_some());
+                self.run(|c| match &by_type {
                     Some(name) => c.query(sql.as_str(), &[&after, &read, name]),
                     None => c.query(sql.as_str(), &[&after, &read]),
                 })?
@@ -132,11 +138,7 @@ impl Admin {
         let mut tasks = Vec::with_capacity(query.limit.min(scanned));
         for row in &rows {
             let task = self.row_of(row);
-            let keep = query.state.is_none_or(|s| s == task.state)
-                && query
-                    .task_type
-                    .as_ref()
-                    .is_none_or(|t| *t == task.task_type)
+            let keep = query.filter.keeps(task.state, &task.task_type)
                 && query.queue.as_ref().is_none_or(|q| *q == task.queue)
                 && (!query.dead || task.dead);
             if keep {
