@@ -302,6 +302,59 @@ fn a_shutdown_costs_no_attempt() {
     second.shutdown(Duration::from_secs(10));
 }
 
+/// A run past its timeout counts its attempt though a shutdown fired its token first: the
+/// handler overran its task's own limit (it ignored the token), as it would have without the
+/// shutdown, so its last attempt makes a `TimedOut` dead letter rather than going back.
+#[test]
+fn a_run_past_its_timeout_counts_though_a_shutdown_fired_first() {
+    let Some(db) = TestDb::new() else { return };
+    const OVERRUN: TaskType<u32, u32> = TaskType::new("overrun");
+    const TIMEOUT: Duration = Duration::from_millis(40);
+    let (started, running) = std::sync::mpsc::channel();
+    let started = std::sync::Mutex::new(started);
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register_with(
+            OVERRUN,
+            TypeOptions::new().max_attempts(1).timeout(TIMEOUT),
+            move |ctx, _: &u32| {
+                let begun = std::time::Instant::now();
+                started.lock().unwrap().send(()).unwrap();
+                ctx.token().wait();
+                // Told to stop, it goes on past its timeout, then fails as if interrupted.
+                std::thread::sleep((TIMEOUT * 2).saturating_sub(begun.elapsed()));
+                Err::<u32, _>(HandlerError::retryable("interrupted"))
+            },
+        )
+        .build()
+        .unwrap();
+    let handle = pool.submit(OVERRUN.task(4)).unwrap();
+    running.recv().unwrap();
+    let report = pool.shutdown(Duration::ZERO);
+    assert_eq!(report.interrupted.len(), 1);
+    let row = db
+        .client()
+        .query_one(
+            "SELECT status, attempts, dead, failure_reason FROM tasq_tasks WHERE id = $1",
+            &[&(handle.id().seq() as i64)],
+        )
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, i32>(1),
+            row.get::<_, bool>(2),
+            row.get::<_, Option<String>>(3)
+        ),
+        ("failed".to_owned(), 1, true, Some("timed_out".to_owned()))
+    );
+    assert!(matches!(
+        handle.wait(),
+        tasq::Outcome::Failed(failure) if failure.reason == tasq::FailureReason::TimedOut
+    ));
+}
+
 /// A cancel from another pool fires the token with its reason.
 #[test]
 fn a_cancel_from_another_pool_says_so() {

@@ -1395,6 +1395,41 @@ fn outages(rec: &Recorder, mut rng: Rng, stop: Receiver<()>) -> usize {
 /// claims of RATED, its bucket's: a gated claim locks the type's gate row before it claims). A
 /// transaction rolled back logs nothing. `tx_at` is the transaction's `now()`, the time the
 /// store's gates reckon with (`tasq_now()`).
+/// What the database and pool B hold when the end first waits [`HANDLE_STALL`] in vain for
+/// task `id`: printed, so that a stall on a busy machine can be told from a lost task.
+fn stall_report(db: &TestDb, pool_b: &Pool, id: TaskId) {
+    let mut sql = db.client();
+    let mut lines = vec![format!(
+        "postgres soak: STALL on {id}; pool B: {:?}",
+        pool_b.stats()
+    )];
+    let queries = [
+        "SELECT status || ' ' || queue || ' ' || type || ': ' || count(*)
+         FROM tasq_tasks WHERE status NOT IN ('succeeded', 'failed', 'cancelled')
+         GROUP BY status, queue, type ORDER BY 1",
+        "SELECT 'running ' || id || ' ' || queue || ' lease ' || lease_id || ' until ' ||
+                (lease_until - now())::TEXT || ' attempts ' || attempts
+         FROM tasq_tasks WHERE status = 'running' ORDER BY id",
+        "SELECT 'ready ' || id || ' ' || queue || ' ' || type || ' due ' ||
+                (run_at - tasq_now())::TEXT || ' prio ' || priority || ' attempts ' || attempts ||
+                ' cancel ' || coalesce(cancel_requested, '-')
+         FROM tasq_tasks WHERE status = 'ready' ORDER BY id LIMIT 20",
+        "SELECT 'limit ' || name || ' ' || max_running FROM tasq_queues",
+        "SELECT 'paused ' || coalesce(array_to_string(types, ','), '') || ' / ' ||
+                coalesce(array_to_string(queues, ','), '') || ' / ' ||
+                coalesce(array_to_string(limited, ','), '') FROM tasq_paused()",
+        "SELECT 'leader ' || role || ' ' || holder || ' ' || (expires_at - now())::TEXT
+         FROM tasq_leader",
+    ];
+    for query in queries {
+        match sql.query(query, &[]) {
+            Ok(rows) => lines.extend(rows.iter().map(|row| row.get::<_, String>(0))),
+            Err(error) => lines.push(format!("{query}: {error}")),
+        }
+    }
+    eprintln!("{}", lines.join("\n  "));
+}
+
 fn install_logs(db: &TestDb) {
     let rated = Ty::Rated.task_type().name();
     db.client()
@@ -1545,6 +1580,7 @@ fn durable_soak() {
         set_phase("waiting for every handle");
         let produced = started.elapsed();
         let mut give_up = Instant::now() + HANDLE_STALL;
+        let mut stalled = false;
         let mut outcomes: HashMap<TaskId, Outcome<u64>> = HashMap::new();
         for id in &p.order {
             let handle = &p.tasks[id].handle;
@@ -1558,9 +1594,15 @@ fn durable_soak() {
                         give_up = Instant::now() + HANDLE_STALL;
                     }
                 }
-                None => findings.add("a handle never returned", || {
-                    format!("{id} ({:?}): {:?}", p.tasks[id].job, producer.info(*id))
-                }),
+                None => {
+                    if !stalled {
+                        stalled = true;
+                        stall_report(&db, &pool_b, *id);
+                    }
+                    findings.add("a handle never returned", || {
+                        format!("{id} ({:?}): {:?}", p.tasks[id].job, producer.info(*id))
+                    })
+                }
             }
         }
         for (id, handle, what) in &p.extra {
@@ -1758,11 +1800,20 @@ fn check_run(
     (report_a, a_closed): (&ShutdownReport, u64),
 ) {
     let f = cx.f;
-    // A run that pool A's shutdown deadline interrupted and that did not succeed was given back
-    // with its attempt not counted: the task's next run is that attempt again. The checks of
-    // attempts and leases below look at the counted runs.
-    let given_back = |r: &Run| {
-        r.token.interrupt() == Some(tasq::Interrupt::Shutdown) && r.returned != Returned::Ok
+    // A run that pool A's shutdown deadline interrupted, that did not succeed and did not run
+    // past its timeout, was given back with its attempt not counted: the task's next run is
+    // that attempt again. Whether a run of TIMED ran past its timeout the pool's monitor
+    // decided (see `timed_out`); where the run cannot tell, the next run's attempt does. The
+    // checks of attempts and leases below look at the counted runs.
+    let given_back = |ty: Ty, r: &Run, next: Option<&Run>| {
+        if r.token.interrupt() != Some(tasq::Interrupt::Shutdown) || r.returned == Returned::Ok {
+            return false;
+        }
+        match (ty == Ty::Timed).then(|| timed_out(r, true)) {
+            None | Some([false]) => true,
+            Some([true]) => false,
+            Some(_) => next.is_some_and(|n| n.attempt == r.attempt),
+        }
     };
     let all_runs: HashMap<TaskId, Vec<Run>> = rec
         .runs
@@ -1770,7 +1821,13 @@ fn check_run(
         .unwrap()
         .iter()
         .map(|(id, runs)| {
-            let counted = runs.iter().filter(|r| !given_back(r)).cloned().collect();
+            let ty = p.tasks.get(id).map_or(Ty::Fast, |t| t.job.ty);
+            let counted = runs
+                .iter()
+                .enumerate()
+                .filter(|&(i, r)| !given_back(ty, r, runs.get(i + 1)))
+                .map(|(_, r)| r.clone())
+                .collect();
             (*id, counted)
         })
         .collect();
@@ -2392,11 +2449,14 @@ fn check_mitigations(
         else {
             continue;
         };
-        let run = runs_of(id).iter().find(|r| r.attempt == *attempt);
+        // An attempt given back by A's shutdown ran again on B.
+        let run = runs_of(id)
+            .iter()
+            .find(|r| r.attempt == *attempt && pool_of(r) == *pool);
         let fits = *task_type == Ty::Timed.task_type().name()
             && *running_for >= TIMEOUT + STUCK_AFTER
-            && run.is_some_and(|r| r.fired() && pool_of(r) == *pool)
-            && stuck.insert((*id, *attempt));
+            && run.is_some_and(|r| r.fired())
+            && stuck.insert((*id, *attempt, *pool));
         f.check(
             fits,
             "a stuck report of no run stuck past its timeout",

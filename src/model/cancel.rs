@@ -118,8 +118,9 @@ pub enum Interrupt {
     /// counts as a retryable failure whatever the handler returns.
     TimedOut,
     /// The pool's shutdown deadline passed (or the pool was dropped). On the embedded store the
-    /// task ends cancelled; on the durable store, unless the handler succeeded, it goes back to
-    /// the queue for another process with the attempt not counted.
+    /// task ends cancelled; on the durable store, unless the handler succeeded or ran past its
+    /// timeout (then the attempt counts, as a timeout), it goes back to the queue for another
+    /// process with the attempt not counted.
     Shutdown,
     /// The durable store's lease of the run was lost (the process stalled past it, or the
     /// database was away): another worker may already run the task, and nothing this run

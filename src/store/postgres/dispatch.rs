@@ -338,8 +338,9 @@ fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize
 }
 
 impl PgStore {
-    /// Records a claimed task's run (see [`Store::complete_and_claim`](crate::store::Store)).
-    pub(super) fn complete(&self, claim: Claim, outcome: RunOutcome) {
+    /// Records a claimed task's run (see [`Store::complete_and_claim`](crate::store::Store));
+    /// `timed_out`: it ran past its timeout.
+    pub(super) fn complete(&self, claim: Claim, outcome: RunOutcome, timed_out: bool) {
         // The run ended now: on a manual clock, its verdict and its ending are written at this
         // time, however late their statements run. Else a clock moved in between would split
         // them: a breaker opened at t, its retry due only after t + the move (with no further
@@ -349,11 +350,16 @@ impl PgStore {
         let lease = claim.lease.unwrap_or(0);
         let claim_lane = claim.lane as usize;
         if claim.token.interrupt() == Some(Interrupt::Shutdown)
+            && !timed_out
             && !matches!(outcome, RunOutcome::Succeeded(_))
         {
             // Stopped by this process's shutdown, not failed: the task goes back for another
             // process with the attempt not counted, as a claim that never started does; its
-            // run says nothing about its downstream.
+            // run says nothing about its downstream. Not a run past its timeout, though the
+            // shutdown fired its token first: the handler overran its task's own limit, as it
+            // would have without the shutdown, and the attempt counts (else a handler that
+            // ignores its token and always overruns would never use its attempts up in a fleet
+            // that restarts often).
             unwind::drop_quietly(outcome);
             self.give_back_run(seq, lease, claim.lane as usize);
             unwind::drop_quietly(claim.payload);

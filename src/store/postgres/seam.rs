@@ -627,8 +627,9 @@ impl Store for PgStore {
         run: RunEnd<'_>,
     ) -> Option<Claim> {
         drop(token);
+        let timed_out = run.timed_out;
         run.count(self.clock.now());
-        self.complete(claim, outcome);
+        self.complete(claim, outcome, timed_out);
         self.claim(None)
     }
 
