@@ -355,6 +355,44 @@ fn a_run_past_its_timeout_counts_though_a_shutdown_fired_first() {
     ));
 }
 
+/// A claim round whose limited queue's claim fails after the other queues' claim committed
+/// still runs what that claim took (dropped, its rows would wait for their lease to run out and
+/// cost an attempt): here the limited queue's row cannot be read (its column renamed under the
+/// pool), and the lease is far longer than the wait.
+#[test]
+fn rows_claimed_before_a_failed_claim_of_the_round_still_run() {
+    let Some(db) = TestDb::new() else { return };
+    const PLAIN: TaskType<u32, u32> = TaskType::new("plain");
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(2)
+        .lease(Duration::from_secs(600))
+        .register(PLAIN, |_, n: &u32| Ok::<_, HandlerError>(*n))
+        .build()
+        .unwrap();
+    assert_eq!(pool.set_queue_limit("elsewhere", Some(1)), Ok(None));
+    db.client()
+        .batch_execute("ALTER TABLE tasq_queues RENAME COLUMN max_running TO broken")
+        .unwrap();
+    let handle = pool.submit(PLAIN.task(7)).unwrap();
+    let outcome = handle.wait_timeout(Duration::from_secs(60));
+    assert_eq!(outcome.and_then(tasq::Outcome::succeeded), Some(7));
+    let attempts: i32 = db
+        .client()
+        .query_one(
+            "SELECT attempts FROM tasq_tasks WHERE id = $1",
+            &[&(handle.id().seq() as i64)],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 1);
+    assert!(
+        pool.stats().totals.store_errors > 0,
+        "the limited claim never failed"
+    );
+    pool.shutdown(Duration::from_secs(10));
+}
+
 /// A cancel from another pool fires the token with its reason.
 #[test]
 fn a_cancel_from_another_pool_says_so() {

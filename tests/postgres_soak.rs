@@ -1399,6 +1399,7 @@ fn outages(rec: &Recorder, mut rng: Rng, stop: Receiver<()>) -> usize {
 /// task `id`: printed, so that a stall on a busy machine can be told from a lost task.
 fn stall_report(db: &TestDb, pool_b: &Pool, id: TaskId) {
     let mut sql = db.client();
+    let before = pool_b.stats().totals;
     let mut lines = vec![format!(
         "postgres soak: STALL on {id}; pool B: {:?}",
         pool_b.stats()
@@ -1420,6 +1421,16 @@ fn stall_report(db: &TestDb, pool_b: &Pool, id: TaskId) {
                 coalesce(array_to_string(limited, ','), '') FROM tasq_paused()",
         "SELECT 'leader ' || role || ' ' || holder || ' ' || (expires_at - now())::TEXT
          FROM tasq_leader",
+        "SELECT 'queue row ' || name || ' xmax ' || xmax::TEXT FROM tasq_queues",
+        "SELECT 'session ' || pid || ' ' || state || ' xid ' || coalesce(backend_xid::TEXT, '-')
+                || ' wait ' || coalesce(wait_event_type || '/' || wait_event, '-') || ' for '
+                || coalesce((now() - state_change)::TEXT, '-') || ' in tx for '
+                || coalesce((now() - xact_start)::TEXT, '-') || ': ' || left(query, 160)
+         FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid() AND state <> 'idle'",
+        "SELECT 'waits ' || l.pid || ' ' || l.locktype || ' ' || l.mode || ' on '
+                || coalesce(l.relation::regclass::TEXT, '-')
+         FROM pg_locks l WHERE NOT l.granted",
     ];
     for query in queries {
         match sql.query(query, &[]) {
@@ -1427,6 +1438,14 @@ fn stall_report(db: &TestDb, pool_b: &Pool, id: TaskId) {
             Err(error) => lines.push(format!("{query}: {error}")),
         }
     }
+    // Whether B's fetcher still claims (its claims go on) or is stuck (they do not).
+    thread::sleep(Duration::from_secs(1));
+    let after = pool_b.stats().totals;
+    lines.push(format!(
+        "pool B over a second: {} claims ({} empty)",
+        after.claims - before.claims,
+        after.empty_claims - before.empty_claims
+    ));
     eprintln!("{}", lines.join("\n  "));
 }
 

@@ -260,6 +260,44 @@ mod limits {
             assert_eq!(pool.check_invariants(), Ok(()));
         }
 
+        // A pool whose other queues always have more ready tasks than it has free workers
+        // still reaches a limited queue: here one worker, a limited task and then twenty
+        // others, all ready as the worker frees; the limited one starts after one other at
+        // most (the durable store claims the limited queues first at every other claim),
+        // not after all twenty.
+        fn a_backlog_in_other_queues_does_not_starve_a_limited_queue(builder) {
+            const HOLD: TaskType<u64, ()> = TaskType::new("hold");
+            const COUNTED: TaskType<u32, ()> = TaskType::new("counted");
+            let ran = Arc::new(AtomicU32::new(0));
+            let counter = Arc::clone(&ran);
+            let pool = builder
+                .workers(1)
+                .register_with(GATE, TypeOptions::new().queue("reports"), gate_handler)
+                .register(HOLD, gate_handler)
+                .register(COUNTED, move |_, _: &u32| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, HandlerError>(())
+                })
+                .build();
+            assert_eq!(pool.set_queue_limit("reports", Some(1)), Ok(None));
+            let (hold, report) = (Gate::new(), Gate::new());
+            let held = pool.submit(HOLD.task(hold.number())).unwrap();
+            hold.wait_started();
+            let limited = pool.submit(GATE.task(report.number())).unwrap();
+            let others: Vec<_> = (0..20).map(|i| pool.submit(COUNTED.task(i)).unwrap()).collect();
+            hold.open();
+            report.wait_started();
+            let before = ran.load(Ordering::SeqCst);
+            assert!(before <= 1, "{before} of the others ran before the limited task");
+            report.open();
+            assert_eq!(finish(&limited).succeeded(), Some(()));
+            assert_eq!(finish(&held).succeeded(), Some(()));
+            for handle in &others {
+                assert_eq!(finish(handle).succeeded(), Some(()));
+            }
+            assert_eq!(pool.check_invariants(), Ok(()));
+        }
+
         fn bad_queue_limits_are_typed_errors(builder) {
             let store = builder.store();
             let pool = limited(builder).build();

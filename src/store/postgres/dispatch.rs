@@ -206,14 +206,38 @@ fn claim_rows(store: &PgStore, pick: Pick<'_>, wanted: usize) -> Result<(Vec<Row
     Ok((rows, busy))
 }
 
-/// Claims up to `wanted` tasks for lane `lane` and queues them for its workers; returns how
-/// many it claimed.
-fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize, String> {
-    // Each claim's lease is timed from before its statement is sent (see `Held::valid_until`).
-    let requested = Instant::now();
-    let (mut rows, _) = claim_rows(store, Pick::of(store.lane_queues(lane)), wanted)?;
-    // Then the limited queues, each in its own turn (see `queue_limits.rs`).
-    for queue in store.limited_for(lane) {
+/// Claims up to `wanted` rows for lane `lane`: from the queues that are not limited, and from
+/// each limited queue in its own turn, the limited ones first at every other claim (see
+/// `queue_limits.rs`). A claim that fails after others of the round committed ends the round
+/// with the rows they took (they are this pool's to run; dropped, they would wait for the
+/// reaper and cost an attempt); one that fails first is the round's error.
+fn claim_in_turns(store: &PgStore, lane: usize, wanted: usize) -> Result<Vec<Row>, String> {
+    let mut rows = Vec::new();
+    match claim_round(store, lane, wanted, &mut rows) {
+        Err(error) if rows.is_empty() => Err(error),
+        _ => Ok(rows),
+    }
+}
+
+/// The body of [`claim_in_turns`]: adds to `rows` what each claim of the round takes.
+fn claim_round(
+    store: &PgStore,
+    lane: usize,
+    wanted: usize,
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    let (limited, limited_first) = store.limited_for(lane);
+    let others = |rows: &mut Vec<Row>| -> Result<(), String> {
+        if rows.len() < wanted {
+            let pick = Pick::of(store.lane_queues(lane));
+            rows.extend(claim_rows(store, pick, wanted - rows.len())?.0);
+        }
+        Ok(())
+    };
+    if !limited_first {
+        others(rows)?;
+    }
+    for queue in limited {
         if rows.len() >= wanted {
             break;
         }
@@ -224,6 +248,18 @@ fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize
         }
         rows.extend(more);
     }
+    if limited_first {
+        others(rows)?;
+    }
+    Ok(())
+}
+
+/// Claims up to `wanted` tasks for lane `lane` and queues them for its workers; returns how
+/// many it claimed.
+fn claim_batch(store: &Arc<PgStore>, lane: usize, wanted: usize) -> Result<usize, String> {
+    // Each claim's lease is timed from before its statement is sent (see `Held::valid_until`).
+    let requested = Instant::now();
+    let rows = claim_in_turns(store, lane, wanted)?;
     let mut claimed: Vec<(i16, std::time::SystemTime, Claim)> = Vec::with_capacity(rows.len());
     let mut bad = Vec::new();
     // Every row claimed, as this pool holds it until it ends.

@@ -24,9 +24,15 @@
 //! own reading, and refresh the list they claim limited queues from every [`REFRESH`] (a
 //! queue limited since waits that long at most; it is never over-claimed meanwhile).
 //!
-//! A limited queue's rows are claimed in their own turn after the pool's other claims, best
-//! first within the queue: priorities order tasks within a limited queue, not across it and
-//! the others.
+//! A limited queue's rows are claimed in their own turn, best first within the queue:
+//! priorities order tasks within a limited queue, not across it and the others. The limited
+//! queues and the others take turns going first ([`PgStore::limited_for`]): a pool whose
+//! unlimited queues always have more ready rows than it has free slots (a busy machine, a
+//! schedule that ticks faster than the pool runs it) still claims from its limited queues at
+//! every other claim, and a limited queue, which goes first at most its limit's room, never
+//! keeps the others from a claim of their own either. (With the others always first, such a
+//! pool never reached a limited queue: the durable soak beside two CPU hogs left 190 tasks of
+//! queue `slow` ready for minutes while pool B ran the ticks of a schedule.)
 
 use std::time::{Duration, Instant};
 
@@ -205,19 +211,27 @@ impl PgStore {
     /// the lane's queues, for a pool with lanes; all of them for a pool without, which serves
     /// every queue: a row keeps the queue it was submitted with, which may not be the one this
     /// pool registers its type in), but not those idle (see
-    /// [`limited_idle`](PgStore::limited_idle)).
-    pub(super) fn limited_for(&self, lane: usize) -> Vec<String> {
+    /// [`limited_idle`](PgStore::limited_idle)); and whether they go first in this claim. They
+    /// do at every other claim that has any (the turns of the design note).
+    pub(super) fn limited_for(&self, lane: usize) -> (Vec<String>, bool) {
         let served = self.lane_queues(lane);
         let mut local = self.local.lock();
         let now = Instant::now();
         local.limited_idle.retain(|&(_, until)| until > now);
-        let local = &*local;
-        let idle = |q: &String| local.limited_idle.iter().any(|(idle, _)| idle == q);
-        let limited = local.limited.iter();
-        limited
-            .filter(|q| served.is_none_or(|served| served.contains(q)) && !idle(q))
-            .cloned()
-            .collect()
+        let queues: Vec<String> = {
+            let local = &*local;
+            let idle = |q: &String| local.limited_idle.iter().any(|(idle, _)| idle == q);
+            let limited = local.limited.iter();
+            limited
+                .filter(|q| served.is_none_or(|served| served.contains(q)) && !idle(q))
+                .cloned()
+                .collect()
+        };
+        let first = !queues.is_empty() && local.limited_first;
+        if !queues.is_empty() {
+            local.limited_first = !local.limited_first;
+        }
+        (queues, first)
     }
 
     /// A claim of limited queue `queue` came back short: it is at its limit or has nothing

@@ -126,6 +126,7 @@ impl PgStore {
                 limited: Vec::new(),
                 limited_read: None,
                 limited_idle: Vec::new(),
+                limited_first: false,
                 wake: true,
                 closed: false,
                 stopping: false,
