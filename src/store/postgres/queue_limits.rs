@@ -26,7 +26,8 @@
 //!
 //! A limited queue's rows are claimed in their own turn, best first within the queue:
 //! priorities order tasks within a limited queue, not across it and the others. The limited
-//! queues and the others take turns going first ([`PgStore::limited_for`]): a pool whose
+//! queues go after the others, except in the claim that follows one whose other rows filled
+//! every free slot before a limited queue was reached ([`PgStore::limited_for`]): a pool whose
 //! unlimited queues always have more ready rows than it has free slots (a busy machine, a
 //! schedule that ticks faster than the pool runs it) still claims from its limited queues at
 //! every other claim, and a limited queue, which goes first at most its limit's room, never
@@ -211,8 +212,9 @@ impl PgStore {
     /// the lane's queues, for a pool with lanes; all of them for a pool without, which serves
     /// every queue: a row keeps the queue it was submitted with, which may not be the one this
     /// pool registers its type in), but not those idle (see
-    /// [`limited_idle`](PgStore::limited_idle)); and whether they go first in this claim. They
-    /// do at every other claim that has any (the turns of the design note).
+    /// [`limited_idle`](PgStore::limited_idle)); and whether they go first in this claim: they
+    /// do once after a claim whose other rows left them no room (the turns of the design
+    /// note).
     pub(super) fn limited_for(&self, lane: usize) -> (Vec<String>, bool) {
         let served = self.lane_queues(lane);
         let mut local = self.local.lock();
@@ -228,8 +230,8 @@ impl PgStore {
                 .collect()
         };
         let first = !queues.is_empty() && local.limited_first;
-        if !queues.is_empty() {
-            local.limited_first = !local.limited_first;
+        if first {
+            local.limited_first = false;
         }
         (queues, first)
     }

@@ -101,8 +101,8 @@ pub(super) struct Local {
     /// Limited queues whose last claim came back short (at their limit, or nothing ready),
     /// not claimed from again until the instant, new work, or a run of theirs ends here.
     pub(super) limited_idle: Vec<(String, Instant)>,
-    /// Whether the limited queues go first at the next claim that has any to claim from (the
-    /// turns of `queue_limits.rs`).
+    /// Whether the limited queues go first at the next claim that has any to claim from: the
+    /// last one's other rows left them no room (the turns of `queue_limits.rs`).
     pub(super) limited_first: bool,
     /// The fetcher should claim now (a notification, a local submit, a finished task).
     pub(super) wake: bool,
