@@ -1513,7 +1513,11 @@ fn durable_soak() {
     thread::spawn(move || {
         if watched.recv_timeout(limit) == Err(RecvTimeoutError::Timeout) {
             let phase = *in_phase.lock().unwrap_or_else(|e| e.into_inner());
-            eprintln!(
+            // Written past the test harness's capture (`eprintln!` is captured, and the capture
+            // dies with the process), so the reason reaches the log.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
                 "\npostgres soak: WATCHDOG: not done in {limit:?}, in phase `{phase}` (seed {seed})"
             );
             std::process::exit(101);
