@@ -207,10 +207,11 @@ fn claim_rows(store: &PgStore, pick: Pick<'_>, wanted: usize) -> Result<(Vec<Row
 }
 
 /// Claims up to `wanted` rows for lane `lane`: from the queues that are not limited, and from
-/// each limited queue in its own turn, the limited ones first after a claim whose other rows
-/// left them no room (see `queue_limits.rs`). A claim that fails after others of the round committed ends the round
-/// with the rows they took (they are this pool's to run; dropped, they would wait for the
-/// reaper and cost an attempt); one that fails first is the round's error.
+/// each limited queue in its own turn, the limited ones first after a claim of the lane whose
+/// other rows left them no room (see `queue_limits.rs`). A claim that fails after others of the
+/// round committed ends the round with the rows they took (they are this pool's to run;
+/// dropped, they would wait for the reaper and cost an attempt); one that fails first is the
+/// round's error.
 fn claim_in_turns(store: &PgStore, lane: usize, wanted: usize) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     match claim_round(store, lane, wanted, &mut rows) {
@@ -238,7 +239,7 @@ fn claim_round(
         others(rows)?;
         if rows.len() >= wanted && !limited.is_empty() {
             // The others left the limited queues no room: they go first next time.
-            store.local.lock().limited_first = true;
+            store.local.lock().lanes[lane].limited_first = true;
         }
     }
     for queue in limited {

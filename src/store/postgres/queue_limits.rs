@@ -229,9 +229,9 @@ impl PgStore {
                 .cloned()
                 .collect()
         };
-        let first = !queues.is_empty() && local.limited_first;
+        let first = !queues.is_empty() && local.lanes[lane].limited_first;
         if first {
-            local.limited_first = false;
+            local.lanes[lane].limited_first = false;
         }
         (queues, first)
     }

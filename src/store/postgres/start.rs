@@ -126,7 +126,6 @@ impl PgStore {
                 limited: Vec::new(),
                 limited_read: None,
                 limited_idle: Vec::new(),
-                limited_first: false,
                 wake: true,
                 closed: false,
                 stopping: false,

@@ -61,6 +61,9 @@ pub(super) struct Lane {
     pub(super) started: usize,
     /// At most this many of its claims run at once.
     pub(super) workers: usize,
+    /// Whether the limited queues go first at its next claim that has any to claim from: its
+    /// last one's other rows left them no room (the turns of `queue_limits.rs`).
+    pub(super) limited_first: bool,
 }
 
 impl Lane {
@@ -73,6 +76,7 @@ impl Lane {
             free: capacity,
             started: 0,
             workers,
+            limited_first: false,
         }
     }
 
@@ -101,9 +105,6 @@ pub(super) struct Local {
     /// Limited queues whose last claim came back short (at their limit, or nothing ready),
     /// not claimed from again until the instant, new work, or a run of theirs ends here.
     pub(super) limited_idle: Vec<(String, Instant)>,
-    /// Whether the limited queues go first at the next claim that has any to claim from: the
-    /// last one's other rows left them no room (the turns of `queue_limits.rs`).
-    pub(super) limited_first: bool,
     /// The fetcher should claim now (a notification, a local submit, a finished task).
     pub(super) wake: bool,
     /// Closed to new tasks: the fetcher stops claiming.
