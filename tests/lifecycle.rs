@@ -27,6 +27,9 @@ const ECHO: TaskType<String, String> = TaskType::new("echo");
 fn pool(builder: TestBuilder, clock: &ManualClock) -> TestPool {
     builder
         .workers(1)
+        // The durable pool claims only what its worker can start: a row waiting behind the
+        // held worker stays ready (claimed ahead, it would be running, leased here).
+        .prefetch(0)
         .manual_clock(clock.clone())
         .seed(1)
         .max_attempts(3)
@@ -82,6 +85,9 @@ conformance! {
 
         first_gate.open();
         second_gate.wait_started();
+        // On the durable store the worker moves on while the dependency's success is written
+        // behind it: its handle hears of it once the row says so.
+        assert_eq!(finish(&dependency), Outcome::Succeeded(()));
         assert_eq!(dependency.status(), TaskState::Succeeded);
         assert_eq!(dependent.status(), TaskState::Ready);
         let stats = pool.stats();

@@ -710,3 +710,61 @@ fn a_dependent_added_while_a_cascade_runs_is_cancelled_with_it() {
     pool.check_invariants().unwrap();
     pool.shutdown(Duration::from_secs(10));
 }
+
+const STEP: TaskType<u32, u32> = TaskType::new("step");
+
+/// A worker whose handler succeeded moves on before its ack is written: with the task's row
+/// locked by another transaction (the ack waits for the lock), the pool's one worker runs the
+/// next task. Both handles see their tasks succeed once the lock goes (the acks behind the
+/// waiting one wait with it), and a shutdown counts both.
+#[test]
+fn a_worker_moves_on_while_its_ack_is_written() {
+    let Some(db) = TestDb::new() else { return };
+    let (started_tx, started_rx) = crossbeam_channel::unbounded();
+    let (go_tx, go_rx) = crossbeam_channel::unbounded::<()>();
+    let pool = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(STEP, move |_, &n: &u32| {
+            started_tx.send(n).unwrap();
+            if n == 1 {
+                go_rx.recv().unwrap();
+            }
+            Ok::<_, HandlerError>(n * 10)
+        })
+        .build()
+        .unwrap();
+    let first = pool.submit(STEP.task(1)).unwrap();
+    assert_eq!(started_rx.recv_timeout(Duration::from_secs(10)), Ok(1));
+    // The first task's row, locked until this transaction ends.
+    let mut client = db.client();
+    let mut tx = client.transaction().unwrap();
+    tx.query_one(
+        "SELECT id FROM tasq_tasks WHERE id = $1 FOR UPDATE",
+        &[&(first.id().seq() as i64)],
+    )
+    .unwrap();
+    let second = pool.submit(STEP.task(2)).unwrap();
+    go_tx.send(()).unwrap();
+    assert_eq!(
+        started_rx.recv_timeout(Duration::from_secs(10)),
+        Ok(2),
+        "the worker waited for its ack"
+    );
+    assert_eq!(
+        first.status(),
+        TaskState::Running,
+        "its ack waits for the lock"
+    );
+    tx.commit().unwrap();
+    assert_eq!(
+        first.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(10))
+    );
+    assert_eq!(
+        second.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(20))
+    );
+    assert_eq!(pool.shutdown(Duration::from_secs(10)).succeeded, 2);
+    pool.check_invariants().unwrap();
+}

@@ -1,14 +1,17 @@
-//! The durable store's claim statement against a real server: exact batch sizes, no row shared
-//! by concurrent claimers, and the partial index used on a large table.
+//! The durable store's claims against a real server: exact batch sizes, no row shared by
+//! concurrent claimers, the partial index used on a large table, and how far a pool claims ahead
+//! of its workers by default.
 #![cfg(feature = "postgres")]
 
 mod support_pg;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
 
 use support_pg::TestDb;
 use tasq::postgres::testing;
+use tasq::{HandlerError, Outcome, Pool, TaskType};
 
 /// Adds `ready` due rows of type `t` and `finished` succeeded ones, in one statement each.
 fn fill(db: &TestDb, ready: i64, finished: i64) {
@@ -163,4 +166,74 @@ fn the_claim_uses_the_partial_index_on_a_million_rows() {
     }
     let claimed = testing::claim(&mut client, &types(), 10, 30_000_000).unwrap();
     assert_eq!(claimed.len(), 10);
+}
+
+const SHORT: TaskType<u32, ()> = TaskType::new("short");
+const BLOCK: TaskType<u32, ()> = TaskType::new("block");
+
+/// A pool left to its default claims ahead of its one worker while a backlog lasts (more rows
+/// running than it has workers), and only for its free workers once a claim comes back short:
+/// a task submitted while its worker is busy is left for an idle pool elsewhere, which runs
+/// it at once.
+#[test]
+fn a_default_pool_claims_ahead_only_while_a_backlog_lasts() {
+    let Some(db) = TestDb::new() else { return };
+    let (started_tx, started_rx) = crossbeam_channel::unbounded();
+    let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+    let a = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(SHORT, |_, _: &u32| Ok::<_, HandlerError>(()))
+        .register(BLOCK, move |_, _: &u32| {
+            started_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            Ok::<_, HandlerError>(())
+        })
+        .build()
+        .unwrap();
+    let backlog: Vec<_> = (0..3_000).map(|n| SHORT.task(n)).collect();
+    drop(a.submit_batch(backlog).unwrap());
+    // The most rows the pool held at once while it drained the backlog.
+    let mut client = db.client();
+    let mut most = 0;
+    loop {
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE status = 'running'),
+                        count(*) FILTER (WHERE status IN ('ready', 'running'))
+                 FROM tasq_tasks",
+                &[],
+            )
+            .unwrap();
+        let (running, left): (i64, i64) = (row.get(0), row.get(1));
+        most = most.max(running);
+        if left == 0 {
+            break;
+        }
+    }
+    assert!(most > 1, "one worker, and never more than {most} rows held");
+    // The backlog is gone: the claim of the blocking task comes back short.
+    let blocking = a.submit(BLOCK.task(0)).unwrap();
+    started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let next = a.submit(SHORT.task(1)).unwrap();
+    let b = Pool::builder()
+        .postgres(db.url.clone())
+        .workers(1)
+        .register(SHORT, |_, _: &u32| Ok::<_, HandlerError>(()))
+        .build()
+        .unwrap();
+    assert_eq!(
+        next.wait_timeout(Duration::from_secs(20)),
+        Some(Outcome::Succeeded(())),
+        "the task waited behind the busy worker"
+    );
+    release_tx.send(()).unwrap();
+    assert_eq!(
+        blocking.wait_timeout(Duration::from_secs(10)),
+        Some(Outcome::Succeeded(()))
+    );
+    assert_eq!(b.shutdown(Duration::from_secs(10)).succeeded, 1);
+    assert_eq!(a.shutdown(Duration::from_secs(10)).succeeded, 3_001);
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
 }

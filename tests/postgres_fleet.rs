@@ -386,6 +386,13 @@ fn rows_claimed_before_a_failed_claim_of_the_round_still_run() {
         .unwrap()
         .get(0);
     assert_eq!(attempts, 1);
+    // The round that took the row may not have known the queue was limited yet (a reading of
+    // the limited queues that began before `set_queue_limit` committed stands for a second):
+    // then a later round's limited claim fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.stats().totals.store_errors == 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
     assert!(
         pool.stats().totals.store_errors > 0,
         "the limited claim never failed"

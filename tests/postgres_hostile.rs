@@ -340,7 +340,8 @@ fn payloads_and_outputs_whose_drop_panics_or_calls_back() {
     let pool = pool(&db, 2, 0, vec![panics, reenters]);
     let seen = register_slot(SLOT, Arc::clone(&pool));
 
-    // Payloads, dropped by the worker after the run is written.
+    // Payloads, dropped by a worker once the run is written (the completer, which writes
+    // the successes, leaves them to the workers: a drop that waits would stall it).
     let panicking = pool.submit(ECHO.task(Hostile::with(10, panics))).unwrap();
     assert_eq!(
         panicking.wait_timeout(STEP),

@@ -1,7 +1,8 @@
 //! Soak of the durable store: a long randomized run on PostgreSQL that mixes every feature at
 //! once, then checks the run's invariants (the durable counterpart of `tests/soak.rs`).
 //!
-//! Two worker pools share one schema, as two processes would (pool A prefetches), and a producer
+//! Two worker pools share one schema, as two processes would (pool A prefetches a fixed number,
+//! pool B claims ahead as its pace says, the default), and a producer
 //! pool without workers, which declares the types (no handlers), submits tasks of seven types.
 //! Pool B registers the plain types with other attempts and retry policy than the producer
 //! declares, as a process built at another time might: every task follows its own row. Three are plain (three, five and one
@@ -603,7 +604,7 @@ struct WorkerHooks {
 
 fn build_pool(
     url: &str,
-    (role, workers, prefetch): (Role, usize, usize),
+    (role, workers, prefetch): (Role, usize, Option<usize>),
     rec: &Arc<Recorder>,
     hooks: &Arc<WorkerHooks>,
     name: &'static str,
@@ -615,9 +616,13 @@ fn build_pool(
         Role::A => (builder.queue("slow", 1), workers - 1),
         Role::Producer | Role::B => (builder, workers),
     };
+    // `None`: the default, which claims ahead as the pool's pace says.
+    let builder = match prefetch {
+        Some(prefetch) => builder.prefetch(prefetch),
+        None => builder,
+    };
     let mut builder = builder
         .workers(workers)
-        .prefetch(prefetch)
         .lease(LEASE)
         .poll_interval(Duration::from_millis(100))
         .retry_policy(RetryPolicy::exponential(
@@ -1530,19 +1535,25 @@ fn durable_soak() {
     let hooks = Arc::new(WorkerHooks::default());
     let producer = build_pool(
         &db.url,
-        (Role::Producer, 0, 0),
+        (Role::Producer, 0, Some(0)),
         &rec,
         &hooks,
         "pg-soak-producer",
     );
     let pool_a = build_pool(
         &db.url,
-        (Role::A, WORKERS_A, PREFETCH_A),
+        (Role::A, WORKERS_A, Some(PREFETCH_A)),
         &rec,
         &hooks,
         "pg-soak-a",
     );
-    let pool_b = build_pool(&db.url, (Role::B, WORKERS_B, 0), &rec, &hooks, "pg-soak-b");
+    let pool_b = build_pool(
+        &db.url,
+        (Role::B, WORKERS_B, None),
+        &rec,
+        &hooks,
+        "pg-soak-b",
+    );
     assert_eq!(producer.set_queue_limit("slow", Some(SLOW_LIMIT)), Ok(None));
     let cx = Cx {
         producer: &producer,

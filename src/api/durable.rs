@@ -188,11 +188,18 @@ impl Builder<crate::store::postgres::Postgres> {
     }
 
     /// How many tasks the pool may claim beyond its free workers, held leased in this process
-    /// until a worker takes them. Claims then go in batches of about this many instead of one
-    /// per freed worker: fewer round trips for short tasks, at the price of tasks waiting here
-    /// that an idle pool elsewhere could have run (and, once claimed, a cancel reaches them
-    /// as it reaches a running task: through the token). Defaults to 0: a pool claims only
-    /// what its workers can start at once. A pool without workers never claims.
+    /// until a worker takes them, fixed. Claims then go in batches of about this many instead
+    /// of one per freed worker: fewer round trips for short tasks, at the price of tasks
+    /// waiting here that an idle pool elsewhere could have run (and, once claimed, a cancel
+    /// reaches them as it reaches a running task: through the token). `prefetch(0)` claims
+    /// only what the workers can start at once. A pool without workers never claims.
+    ///
+    /// Without it, the pool follows its backlog: while each claim finds more due rows than it
+    /// takes, each of its lanes claims ahead as many tasks as its workers finish during two
+    /// claims' round trips (from the smoothed times of its last runs and claims; at most 8 per
+    /// worker, and at least 32), so its workers never wait for a claim; once a claim finds no
+    /// more, it claims only for its free workers again. Long tasks (a run longer than two
+    /// round trips per worker) are never claimed ahead.
     ///
     /// # Examples
     ///
@@ -204,7 +211,7 @@ impl Builder<crate::store::postgres::Postgres> {
     /// # let _ = builder;
     /// ```
     pub fn prefetch(mut self, tasks: usize) -> Self {
-        self.store.prefetch = tasks;
+        self.store.prefetch = Some(tasks);
         self
     }
 

@@ -130,6 +130,16 @@ impl TestBuilder {
         fn queue(name: &'static str, workers: usize);
     }
 
+    /// Sets how many tasks a durable pool claims ahead of its free workers (the embedded
+    /// store has no claims: nothing to set).
+    pub fn prefetch(self, tasks: usize) -> Self {
+        match self {
+            TestBuilder::Memory(b) => TestBuilder::Memory(b),
+            #[cfg(feature = "postgres")]
+            TestBuilder::Postgres(b, db) => TestBuilder::Postgres(b.prefetch(tasks), db),
+        }
+    }
+
     /// Sets how many finished tasks the pool remembers, and how long: the builder's on the
     /// embedded store, the schema's policy on the durable store (`usize::MAX`: no count limit).
     pub fn retention(self, max_count: usize, max_age: Option<Duration>) -> Self {

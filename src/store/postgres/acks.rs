@@ -1,28 +1,162 @@
-//! Group commit of successes: the workers of a pool whose tasks succeeded write their acks
-//! together, one statement for all the acks waiting, led by whichever worker arrives when no
-//! write is in flight.
-//!
-//! A worker still returns only once its own ack is written (or refused), so nothing above this
-//! file changes: a handler's outcome is durable before its worker moves on, and user code (the
-//! output's and payload's `Drop`, a handle's wake-up) still runs on that worker's thread. One
-//! worker alone writes batches of one; under load, the acks that arrive while a write is in
-//! flight go out together in the next, so the pool makes fewer round trips and commits (and
-//! fewer WAL flushes) than it has tasks.
-//!
-//! An ack that the statement does not write (a cancel was asked for, the task has dependents,
-//! or the lease was lost) comes back to its worker, which takes the general path for it.
+//! The completer's queue (`completer.rs` is the thread): the successes workers hand over, the
+//! statements that write them in groups, and what a run leaves behind, as the store writes it
+//! (`Ending`) and as a worker drops it (`Litter`).
 
-use std::collections::{HashMap, HashSet};
+use std::any::Any;
+use std::collections::HashSet;
 
 use serde_json::Value;
 
+use std::time::Duration;
+
 use super::conn::{Connections, Sql};
-use crate::sync::{Condvar, Mutex};
+use crate::model::completion::{Completion, Finished};
+use crate::model::state::Failure;
+use crate::sync::{Arc, Condvar, Mutex};
 use crate::unwind;
+
+/// How a run ends, as the store writes it.
+pub(super) enum Ending {
+    Succeeded(Value, Box<dyn Any + Send + Sync>),
+    Retry { delay: Duration, error: String },
+    Failed(Failure),
+}
+
+/// A user value a run left, for a thread that may run user code to drop (see `completer.rs`).
+#[allow(dead_code)] // Held only to be dropped.
+pub(super) enum Litter {
+    Ending(Ending),
+    Finished(Finished),
+    Completion(Arc<Completion>),
+    Payload(Box<dyn Any + Send>),
+}
+
+/// Drops each value on its own, inside `catch_unwind` (a second panic while a first unwinds
+/// through a `Vec`'s drop would abort the process).
+pub(super) fn drop_litter(litter: Vec<Litter>) {
+    for value in litter {
+        unwind::drop_quietly(value);
+    }
+}
 
 /// Most acks in one statement: keeps the `done:<id> ...` notification under PostgreSQL's
 /// 8,000-byte payload limit (25 bytes an id at most).
 const MAX_BATCH: usize = 200;
+
+/// Most acks unwritten (waiting or in flight) before a worker that hands one over waits.
+const MAX_WAITING: usize = 2 * MAX_BATCH;
+
+/// A success on its way to the database.
+pub(super) struct Ack {
+    pub(super) seq: i64,
+    pub(super) lease: i64,
+    /// The output as its row stores it.
+    pub(super) value: Value,
+    /// The output itself, for a local handle.
+    pub(super) output: Option<Box<dyn Any + Send + Sync>>,
+    /// The task's payload, dropped by a worker once the ack is settled.
+    pub(super) payload: Option<Box<dyn Any + Send>>,
+    /// With a manual clock, when the run ended (see `PgStore::complete`).
+    pub(super) ended_at: Option<i64>,
+}
+
+impl Ack {
+    /// The ack of task `seq`'s success under `lease`.
+    pub(super) fn new(
+        seq: i64,
+        lease: i64,
+        value: Value,
+        output: Box<dyn Any + Send + Sync>,
+        payload: Box<dyn Any + Send>,
+        ended_at: Option<i64>,
+    ) -> Ack {
+        Ack {
+            seq,
+            lease,
+            value,
+            output: Some(output),
+            payload: Some(payload),
+            ended_at,
+        }
+    }
+
+    /// An ack written on its own by the worker (see `PgStore::write_ending`): `value` is
+    /// taken, and given back through [`Ack::value`].
+    pub(super) fn alone(seq: i64, lease: i64, value: &mut Value) -> Ack {
+        Ack {
+            seq,
+            lease,
+            value: std::mem::take(value),
+            output: None,
+            payload: None,
+            ended_at: None,
+        }
+    }
+}
+
+/// The acks waiting for the completer.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Ack>,
+    /// Acks of the batch being written and settled.
+    in_flight: usize,
+    /// The completer exits once `waiting` is empty; later acks are written by their workers.
+    stopped: bool,
+}
+
+/// The completer's queue of one pool.
+#[derive(Default)]
+pub(super) struct Acks {
+    queue: Mutex<Queue>,
+    /// The completer waits here for acks.
+    ready: Condvar,
+    /// Workers wait here for room (see [`MAX_WAITING`]).
+    room: Condvar,
+}
+
+impl Acks {
+    /// Hands `ack` to the completer, waiting for room first; gives it back if the completer
+    /// has stopped (the caller writes it itself).
+    pub(super) fn hand_over(&self, ack: Ack) -> Result<(), Ack> {
+        let mut queue = self.queue.lock();
+        // Every wait loops on its condition.
+        while !queue.stopped && queue.waiting.len() + queue.in_flight >= MAX_WAITING {
+            self.room.wait(&mut queue);
+        }
+        if queue.stopped {
+            return Err(ack);
+        }
+        queue.waiting.push(ack);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The completer's next batch; `None` once stopped with nothing waiting.
+    pub(super) fn next_batch(&self) -> Option<Vec<Ack>> {
+        let mut queue = self.queue.lock();
+        queue.in_flight = 0;
+        self.room.notify_all();
+        loop {
+            if !queue.waiting.is_empty() {
+                let n = queue.waiting.len().min(MAX_BATCH);
+                let batch: Vec<Ack> = queue.waiting.drain(..n).collect();
+                queue.in_flight = batch.len();
+                return Some(batch);
+            }
+            if queue.stopped {
+                return None;
+            }
+            self.ready.wait(&mut queue);
+        }
+    }
+
+    /// Stops the completer once the acks waiting are written (the pool stops).
+    pub(super) fn stop(&self) {
+        self.queue.lock().stopped = true;
+        self.ready.notify_all();
+        self.room.notify_all();
+    }
+}
 
 /// The successes of the common case, fenced by their leases: a row is written only if it is
 /// still running under the ack's lease, with no cancel asked for and no dependents waiting.
@@ -52,107 +186,6 @@ pub(crate) const ACK: &str = "
                 FROM ended)::TEXT
     FROM ended";
 
-/// The acks waiting to be written and what became of those written.
-#[derive(Default)]
-struct State {
-    pending: Vec<Pending>,
-    /// A worker is writing a batch.
-    flushing: bool,
-    /// Results of written batches, until their workers take them.
-    done: HashMap<i64, Done>,
-}
-
-struct Pending {
-    seq: i64,
-    lease: i64,
-    output: Value,
-}
-
-/// What became of one ack; the output comes back when the ack was not written.
-enum Done {
-    Written,
-    Refused(Value),
-    Failed(Value, String),
-}
-
-/// The acks of one pool.
-#[derive(Default)]
-pub(super) struct Acks {
-    state: Mutex<State>,
-    written: Condvar,
-}
-
-impl Acks {
-    /// Writes that task `seq` succeeded under `lease` with `output`, together with any other
-    /// acks waiting. `Ok(true)`: written. `Ok(false)`: refused by the row (see the file's
-    /// docs), `output` is back in place for the general path. `Err`: the database failed, and
-    /// the caller tries again.
-    pub(super) fn succeed(
-        &self,
-        store: &impl Connections,
-        seq: i64,
-        lease: i64,
-        output: &mut Value,
-    ) -> Result<bool, String> {
-        let mut state = self.state.lock();
-        state.pending.push(Pending {
-            seq,
-            lease,
-            output: std::mem::take(output),
-        });
-        // Every wait loops on its condition: our result is in, or nobody writes and we lead.
-        loop {
-            if let Some(done) = state.done.remove(&seq) {
-                drop(state);
-                return match done {
-                    Done::Written => Ok(true),
-                    Done::Refused(value) => {
-                        *output = value;
-                        Ok(false)
-                    }
-                    Done::Failed(value, error) => {
-                        *output = value;
-                        Err(error)
-                    }
-                };
-            }
-            if state.flushing {
-                self.written.wait(&mut state);
-                continue;
-            }
-            state.flushing = true;
-            let n = state.pending.len().min(MAX_BATCH);
-            let batch: Vec<Pending> = state.pending.drain(..n).collect();
-            drop(state);
-            // The store's own code, but a panic here must not leave `flushing` set forever.
-            let result = unwind::catch(|| write(store, &batch))
-                .unwrap_or_else(|panic| Err(format!("the ack panicked: {panic}")));
-            state = self.state.lock();
-            state.flushing = false;
-            match result {
-                Ok(written) => {
-                    for p in batch {
-                        let done = if written.contains(&p.seq) {
-                            Done::Written
-                        } else {
-                            Done::Refused(p.output)
-                        };
-                        state.done.insert(p.seq, done);
-                    }
-                }
-                Err(error) => {
-                    for p in batch {
-                        state
-                            .done
-                            .insert(p.seq, Done::Failed(p.output, error.clone()));
-                    }
-                }
-            }
-            self.written.notify_all();
-        }
-    }
-}
-
 /// The ack of one success, as [`ACK`] writes each (a batch of one is the common case of a
 /// pool with few workers, and this form costs the server less than the array join).
 pub(crate) const ACK_ONE: &str = "
@@ -166,13 +199,13 @@ pub(crate) const ACK_ONE: &str = "
     SELECT id, pg_notify(tasq_channel(), 'done:' || id)::TEXT FROM ended";
 
 /// One statement for a batch: the ids it wrote.
-fn write(store: &impl Connections, batch: &[Pending]) -> Result<HashSet<i64>, String> {
+pub(super) fn write(store: &impl Connections, batch: &[Ack]) -> Result<HashSet<i64>, String> {
     let rows = match batch {
-        [one] => store.with_conn(|c| c.query(ACK_ONE, &[&one.seq, &one.lease, &one.output]))?,
+        [one] => store.with_conn(|c| c.query(ACK_ONE, &[&one.seq, &one.lease, &one.value]))?,
         _ => {
             let ids: Vec<i64> = batch.iter().map(|p| p.seq).collect();
             let leases: Vec<i64> = batch.iter().map(|p| p.lease).collect();
-            let outputs: Vec<&Value> = batch.iter().map(|p| &p.output).collect();
+            let outputs: Vec<&Value> = batch.iter().map(|p| &p.value).collect();
             store.with_conn(|c| c.query(ACK, &[&ids, &leases, &outputs]))?
         }
     };

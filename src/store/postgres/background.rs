@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use super::conn::Sql;
-use super::dispatch::{cascade_ended, enforce_dead_letter_limit, notify_changes};
+use super::ending::{cascade_ended, enforce_dead_letter_limit, notify_changes};
 use super::leader;
 use super::notifier::Notifier;
 use super::rows;

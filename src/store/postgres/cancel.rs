@@ -92,8 +92,8 @@ pub(super) fn cancel_locked(
                      finished_at = tasq_now() WHERE id = $1",
                     &[&seq],
                 )?;
-                super::dispatch::cascade_ended(&mut tx, seq, "cancelled", row.get(2), &mut done)?;
-                super::dispatch::notify_changes(&mut tx, false, &done)?;
+                super::ending::cascade_ended(&mut tx, seq, "cancelled", row.get(2), &mut done)?;
+                super::ending::notify_changes(&mut tx, false, &done)?;
                 CancelOutcome::Cancelled
             }
             "running" => {

@@ -19,7 +19,8 @@ pub struct Postgres {
     pub(crate) lease: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) connections: Option<u32>,
-    pub(crate) prefetch: usize,
+    /// Claims held beyond the free workers: `None` follows the lanes' pace (`pace.rs`).
+    pub(crate) prefetch: Option<usize>,
     pub(crate) schema: Option<String>,
 }
 
@@ -30,7 +31,7 @@ impl Postgres {
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(500),
             connections: None,
-            prefetch: 0,
+            prefetch: None,
             schema: None,
         }
     }

@@ -4,8 +4,10 @@
 //! # How a task moves
 //!
 //! * A submit inserts a row (`ready`, or `blocked` on its dependencies) in one transaction, and
-//!   notifies the channel `tasq` so that an idle pool in another process claims it at once.
-//! * A pool's *fetcher* thread claims up to as many ready, due rows as it has free workers, in
+//!   notifies the channel `tasq` so that an idle pool in another process claims it at once (a
+//!   task without a key or dependencies: one statement that inserts and notifies).
+//! * A pool's *fetcher* thread claims up to as many ready, due rows as it has free workers,
+//!   plus as many more as its lanes' pace says while a backlog lasts (`pace.rs`), in
 //!   one statement (`FOR UPDATE SKIP LOCKED` in a CTE, so no two claimers share a row and a
 //!   claim of n never takes more than n), giving each a lease: a fencing token from the
 //!   `tasq_lease` sequence and an expiry (`lease_until`), both set from the database's clock.
@@ -15,8 +17,9 @@
 //! * A worker runs the handler and writes the outcome with `WHERE id = $1 AND lease_id = $2`:
 //!   if the lease was lost (it expired and another worker took the task over), the write changes
 //!   nothing and the outcome is dropped. Every write about a leased task carries that check.
-//!   Successes are written in groups: the workers whose acks wait while one is in flight go out
-//!   together in the next statement (see `acks.rs`).
+//!   Successes are written in groups, off the workers' path: a worker hands its ack to the
+//!   pool's *completer* thread and takes its next task, and the acks that wait while one
+//!   statement is in flight go out together in the next (see `completer.rs`).
 //! * The *maintenance* thread listens on the channel, extends the leases of the tasks its pool
 //!   runs (heartbeat), fires the tokens of tasks cancelled elsewhere, publishes outcomes to local
 //!   handles, returns expired leases to `ready` (the reaper: at-least-once delivery), and deletes
@@ -37,7 +40,9 @@
 //! # Threads and locks
 //!
 //! `Local` is the only state under a lock here; SQL never runs while it is held, nor does user
-//! code (payloads are decoded, outputs encoded and values dropped outside it).
+//! code (payloads are decoded, outputs encoded and values dropped outside it). The acks'
+//! queue (`acks.rs`) has a lock of its own, never taken while `Local`'s is held, nor the other
+//! way round. The completer runs no user code: what it leaves, a worker drops.
 
 /// The columns [`PgStore::info_of_row`](store::PgStore::info_of_row) reads, of a row `t` of `tasq_tasks` (a macro, so that
 /// statements `concat!` it).
@@ -81,15 +86,18 @@ mod acks;
 mod admin;
 mod background;
 mod cancel;
+mod completer;
 mod config;
 mod conn;
 mod declarations;
 mod dispatch;
+mod ending;
 mod gates;
 mod gating;
 mod leader;
 mod migrate;
 mod notifier;
+mod pace;
 mod pause;
 mod policy;
 mod publish;

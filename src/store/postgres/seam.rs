@@ -47,6 +47,19 @@ impl Store for PgStore {
     fn submit(&self, task: Submission<'_>) -> Result<Submitted, SubmitErrorKind> {
         let (payload, delay) = self.prepare(&task)?;
         let insert = self.insert_parts(&task, &payload, delay);
+        if task.key.is_none() && task.dependencies.is_empty() {
+            // One statement, no transaction. Its completion is registered once the row exists:
+            // an ending announced before that (a pool elsewhere claimed and ran the task within
+            // the microseconds between) reaches the handle at the next poll of the waiters.
+            let due = delay.is_zero();
+            let seq = self
+                .with_conn(|client| super::submit::insert_plain(client, &insert, due))
+                .map_err(SubmitErrorKind::Store)?;
+            let inserted = (seq, false, "ready");
+            let completions = self.completions_for(&[inserted]);
+            self.tell_submitted(&[inserted], std::slice::from_ref(&task));
+            return Ok(self.accepted(&[inserted], completions, due).remove(0));
+        }
         let queue = self.queue;
         let result = self.with_conn(|client| {
             let mut tx = client.transaction()?;
@@ -160,8 +173,8 @@ impl Store for PgStore {
         };
         let mut savepoint = tx.savepoint("tasq_succeed")?;
         let callers_now = self.set_callers_now(&mut savepoint)?;
-        let ending = super::dispatch::Ending::Succeeded(output, Box::new(()));
-        let written = super::dispatch::write_ending_tx(&mut savepoint, seq, lease, &ending)?;
+        let ending = super::acks::Ending::Succeeded(output, Box::new(()));
+        let written = super::ending::write_ending_tx(&mut savepoint, seq, lease, &ending)?;
         Self::restore_callers_now(&mut savepoint, callers_now)?;
         savepoint.commit()?;
         Ok(written.is_some_and(|(state, _)| state == TaskState::Succeeded))
@@ -526,12 +539,14 @@ impl Store for PgStore {
             self.clock.wait_until(&self.done_cv, &mut local, deadline);
         }
         local.stopping = true;
+        // Not the runs whose handler succeeded, and whose ack the completer still writes.
         let interrupted: Vec<(TaskId, &'static str)> = local
             .running
             .iter()
+            .filter(|(_, held)| !held.acking)
             .map(|(seq, held)| (self.id(*seq), self.registry.entry(held.type_index).name))
             .collect();
-        for held in local.running.values() {
+        for held in local.running.values().filter(|held| !held.acking) {
             held.token.fire(Interrupt::Shutdown);
         }
         self.work_cv.notify_all();
@@ -554,9 +569,17 @@ impl Store for PgStore {
         }
         drop(local);
         // The fetcher may still give back claims it fetched as the pool stopped, and count
-        // those whose cancel was asked for: the totals are read once it has finished.
+        // those whose cancel was asked for, and the completer writes the acks still waiting:
+        // the totals are read once both have finished. An ack handed over later (by a handler
+        // that called this) is written by its worker.
+        self.acks.stop();
         self.join_threads();
-        self.local.lock().totals
+        let (totals, litter) = {
+            let mut local = self.local.lock();
+            (local.totals, std::mem::take(&mut local.litter))
+        };
+        super::acks::drop_litter(litter);
+        totals
     }
 
     fn stop_now(&self) {
@@ -564,7 +587,7 @@ impl Store for PgStore {
             let mut local = self.local.lock();
             local.closed = true;
             local.stopping = true;
-            for held in local.running.values() {
+            for held in local.running.values().filter(|held| !held.acking) {
                 held.token.fire(Interrupt::Shutdown);
             }
             self.work_cv.notify_all();
@@ -572,6 +595,7 @@ impl Store for PgStore {
             self.done_cv.notify_all();
             self.take_held(&mut local)
         };
+        self.acks.stop();
         self.give_back(given_back, Vec::new());
     }
 
@@ -587,15 +611,27 @@ impl Store for PgStore {
         drop(spare);
         let mut local = self.local.lock();
         loop {
+            if !local.litter.is_empty() {
+                // What the completer left (`completer.rs`): dropped here, where user code may run.
+                let litter = std::mem::take(&mut local.litter);
+                drop(local);
+                super::acks::drop_litter(litter);
+                local = self.local.lock();
+                continue;
+            }
             if local.stopping {
                 return None;
             }
             if let Some((lane, mut claim)) = local.start_next() {
                 let seq = super::rows::local_seq(self.queue, claim.id).unwrap_or(0);
-                let lost = local
-                    .running
-                    .get(&seq)
-                    .is_none_or(|held| Instant::now() >= held.valid_until);
+                let now = Instant::now();
+                let lost = match local.running.get_mut(&seq) {
+                    Some(held) if now < held.valid_until => {
+                        held.started_at = Some(now);
+                        false
+                    }
+                    _ => true,
+                };
                 if lost {
                     // Its lease may be gone: given back (fenced by the lease, so a row another
                     // worker took since is left alone), never started.
@@ -652,13 +688,7 @@ impl Store for PgStore {
                 None,
             );
             let now = self.manual_now_us();
-            self.finish(
-                seq,
-                lease,
-                lane,
-                super::dispatch::Ending::Failed(failure),
-                now,
-            );
+            self.finish(seq, lease, lane, super::acks::Ending::Failed(failure), now);
         }
     }
 

@@ -114,7 +114,6 @@ impl PgStore {
             lease: settings.lease,
             poll_interval: settings.poll_interval,
             manual_base_us,
-            prefetch,
             types,
             holder,
             lane_queues,
@@ -136,6 +135,7 @@ impl PgStore {
                     ..Totals::default()
                 },
                 gate_wake: None,
+                litter: Vec::new(),
             }),
             work_cv: Condvar::new(),
             fetch_cv: Condvar::new(),
@@ -173,6 +173,19 @@ impl PgStore {
                 store.stop_now();
                 return Err(BuildError::Spawn(error));
             }
+        }
+        // The completer too (`completer.rs`); a pool without workers has no ack to write.
+        if workers > 0 {
+            match super::background::spawn("tasq-pg-ack", &store, super::completer::complete_loop) {
+                Ok(handle) => store.threads.lock().push(handle),
+                Err(error) => {
+                    store.stop_now();
+                    store.join_threads();
+                    return Err(BuildError::Spawn(error));
+                }
+            }
+        } else {
+            store.acks.stop();
         }
         if let Err(error) =
             super::background::spawn("tasq-pg-maintain", &store, super::background::maintain_loop)

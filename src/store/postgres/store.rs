@@ -42,53 +42,75 @@ pub(super) struct Held {
     /// never started: its lease may be lost (the process stalled, a SIGSTOP), and another
     /// worker may already run the task.
     pub(super) valid_until: Instant,
+    /// When a worker took it, on this process's monotonic clock (the lane's pace times its
+    /// turns: `pace.rs`).
+    pub(super) started_at: Option<Instant>,
+    /// Its handler succeeded, and its worker handed the ack to the completer (`completer.rs`): it
+    /// runs no more, and holds no slot.
+    pub(super) acking: bool,
 }
 
 /// A lane of the pool's workers (`Builder::queue`, `api/queues.rs`) as the fetcher and the
 /// workers count it: a pool without lanes has one, of every worker and every queue.
 ///
-/// Its claims held here (`capacity - free`) are those waiting in `Local::queue` and the
-/// `started` ones. The fetcher claims for a lane only its queues' rows, at most `free`; a worker
-/// starts a lane's claim only while `started < workers`. So no lane runs more tasks than its
-/// workers, and the pool's threads (the sum of the lanes' workers) always have a free one for
-/// a lane below its count: a lane's tasks never wait for another lane's.
+/// Its claims held here are those `waiting` in `Local::queue` and the `started` ones; it may
+/// hold `capacity()` (its workers plus its prefetch), and `free()` is what it may claim more.
+/// The fetcher claims for a lane only its queues' rows, at most `free()`; a worker starts a
+/// lane's claim only while `started < workers`. So no lane runs more tasks than its workers,
+/// and the pool's threads (the sum of the lanes' workers) always have a free one for a lane
+/// below its count: a lane's tasks never wait for another lane's.
 pub(super) struct Lane {
-    /// Its workers plus the prefetch (zero for a lane without workers: it claims nothing).
-    pub(super) capacity: usize,
-    /// Slots neither running a task nor holding one in `queue`.
-    pub(super) free: usize,
     /// Claims a worker took, whose run has not ended here.
     pub(super) started: usize,
+    /// Its claims waiting in `Local::queue` for a worker.
+    pub(super) waiting: usize,
     /// At most this many of its claims run at once.
     pub(super) workers: usize,
+    /// How many claims it may hold beyond its workers now: fixed (`Builder::prefetch`), or
+    /// set by its [`Pace`](super::pace::Pace) after each claim.
+    pub(super) prefetch: usize,
+    /// How the prefetch follows the backlog and the lane's speed; `None` when it is fixed.
+    pub(super) pace: Option<super::pace::Pace>,
     /// Whether the limited queues go first at its next claim that has any to claim from: its
     /// last one's other rows left them no room (the turns of `queue_limits.rs`).
     pub(super) limited_first: bool,
 }
 
 impl Lane {
-    /// A lane of `workers` workers, with `prefetch` claims more.
-    pub(super) fn new(workers: usize, prefetch: usize) -> Lane {
-        // A lane without workers claims nothing, prefetch or not.
-        let capacity = if workers == 0 { 0 } else { workers + prefetch };
+    /// A lane of `workers` workers, with `prefetch` claims more (`None`: as many as its pace
+    /// says, starting from none).
+    pub(super) fn new(workers: usize, prefetch: Option<usize>) -> Lane {
         Lane {
-            capacity,
-            free: capacity,
             started: 0,
+            waiting: 0,
             workers,
+            prefetch: prefetch.unwrap_or(0),
+            pace: prefetch.is_none().then(|| super::pace::Pace::new(workers)),
             limited_first: false,
         }
     }
 
-    /// Its claims waiting in `Local::queue`.
-    fn waiting(&self) -> usize {
-        self.capacity - self.free - self.started
+    /// How many claims it may hold: its workers plus its prefetch (none for a lane without
+    /// workers: it claims nothing, prefetch or not).
+    pub(super) fn capacity(&self) -> usize {
+        if self.workers == 0 {
+            0
+        } else {
+            self.workers + self.prefetch
+        }
+    }
+
+    /// How many more it may claim now (none while a lowered prefetch still leaves it holding
+    /// more than its capacity).
+    pub(super) fn free(&self) -> usize {
+        self.capacity().saturating_sub(self.started + self.waiting)
     }
 
     /// Whether the fetcher should claim for it (when woken): a slot is free and, with
     /// prefetch, a batch's worth of slots is, or its workers have nothing left to take.
-    fn wants_claim(&self, prefetch: usize) -> bool {
-        self.free > 0 && (self.free >= prefetch || self.waiting() == 0)
+    fn wants_claim(&self) -> bool {
+        let free = self.free();
+        free > 0 && (free >= self.prefetch || self.waiting == 0)
     }
 }
 
@@ -117,6 +139,8 @@ pub(super) struct Local {
     /// A gate held tasks back in the last claim and may reopen by itself then (a token, a
     /// cool-down's end): the fetcher claims again at this real instant.
     pub(super) gate_wake: Option<Instant>,
+    /// User values the completer left for a worker to drop (see `completer.rs`).
+    pub(super) litter: Vec<super::acks::Litter>,
 }
 
 impl Local {
@@ -129,16 +153,16 @@ impl Local {
     }
 
     /// Whether the fetcher should claim for some lane (see [`Lane::wants_claim`]).
-    pub(super) fn wants_claim(&self, prefetch: usize) -> bool {
-        self.lanes.iter().any(|lane| lane.wants_claim(prefetch))
+    pub(super) fn wants_claim(&self) -> bool {
+        self.lanes.iter().any(Lane::wants_claim)
     }
 
     /// How many the fetcher should claim now, for each lane that wants a claim.
-    pub(super) fn wanted(&self, prefetch: usize) -> Vec<(usize, usize)> {
+    pub(super) fn wanted(&self) -> Vec<(usize, usize)> {
         let lanes = self.lanes.iter().enumerate();
         lanes
-            .filter(|(_, lane)| lane.wants_claim(prefetch))
-            .map(|(index, lane)| (index, lane.free))
+            .filter(|(_, lane)| lane.wants_claim())
+            .map(|(index, lane)| (index, lane.free()))
             .collect()
     }
 
@@ -151,21 +175,21 @@ impl Local {
             .iter()
             .position(|(lane, _)| lanes[*lane].started < lanes[*lane].workers)?;
         let (lane, claim) = self.queue.remove(at)?;
+        self.lanes[lane].waiting -= 1;
         self.lanes[lane].started += 1;
         Some((lane, claim))
     }
 
-    /// Checks each lane's counts (see [`Lane`]): its free slots, started claims and claims
-    /// waiting in `queue` make its capacity, and it runs no more than its workers (a claim
-    /// whose payload does not decode counts as started until the fetcher has ended it: check
-    /// between claims).
+    /// Checks each lane's counts (see [`Lane`]): its `waiting` claims are those in `queue`,
+    /// and it runs no more than its workers (a claim whose payload does not decode counts as
+    /// started until the fetcher has ended it: check between claims).
     pub(super) fn check_lanes(&self) -> Result<(), String> {
         for (index, lane) in self.lanes.iter().enumerate() {
             let waiting = self.queue.iter().filter(|(l, _)| *l == index).count();
-            if lane.free + lane.started + waiting != lane.capacity {
+            if lane.waiting != waiting {
                 return Err(format!(
-                    "lane {index}: {} free, {} started and {waiting} waiting, of {}",
-                    lane.free, lane.started, lane.capacity
+                    "lane {index} counts {} claims waiting, and {waiting} are",
+                    lane.waiting
                 ));
             }
             if lane.started > lane.workers {
@@ -181,7 +205,6 @@ impl Local {
     /// A claim of `lane` that a worker took never ran (it was lost): its slot is free.
     pub(super) fn unstart(&mut self, lane: usize) {
         self.lanes[lane].started -= 1;
-        self.lanes[lane].free += 1;
     }
 
     /// A run of `lane` ended here: its worker and its slot are free.
@@ -222,8 +245,6 @@ pub(crate) struct PgStore {
     /// With a manual clock: the database's time when that clock was made, in microseconds since
     /// the epoch; `tasq_now()` is that plus how far the clock moved.
     pub(super) manual_base_us: Option<i64>,
-    /// Claims held beyond the free workers (see `Builder::prefetch`).
-    pub(super) prefetch: usize,
     /// The names of the types this pool runs (it claims no other).
     pub(super) types: Vec<String>,
     /// This pool's name in the schema's records: `pid@host`.
@@ -516,7 +537,7 @@ impl PgStore {
     pub(super) fn take_held(&self, local: &mut Local) -> Vec<Claim> {
         let mut held = Vec::with_capacity(local.queue.len());
         while let Some((lane, claim)) = local.queue.pop_front() {
-            local.lanes[lane].free += 1;
+            local.lanes[lane].waiting -= 1;
             held.push(claim);
         }
         for claim in &held {
@@ -554,5 +575,13 @@ impl PgStore {
                 let _ = thread.join();
             }
         }
+    }
+}
+
+impl Drop for Local {
+    /// What the completer left and no worker took (a pool dropped without a shutdown): each
+    /// value dropped on its own (see `acks::drop_litter`).
+    fn drop(&mut self) {
+        super::acks::drop_litter(std::mem::take(&mut self.litter));
     }
 }

@@ -150,11 +150,7 @@ pub fn periodic(types: &[&str]) -> Vec<Periodic> {
             super::background::RETAIN,
             vec![Box::new(Some(super::stats::CAP)), Box::new(None::<i64>)],
         ),
-        p(
-            "dead-letter trim",
-            super::dispatch::TRIM_DEAD_LETTERS,
-            vec![],
-        ),
+        p("dead-letter trim", super::ending::TRIM_DEAD_LETTERS, vec![]),
         p(
             "stats",
             super::stats::STATS,
