@@ -211,3 +211,68 @@ pub(super) fn write(store: &impl Connections, batch: &[Ack]) -> Result<HashSet<i
     };
     Ok(rows.iter().map(|row| row.get(0)).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn ack(seq: i64) -> Ack {
+        Ack::alone(seq, 1, &mut Value::Null)
+    }
+
+    /// Hands one ack over on another thread; the receiver hears when it was taken (`Ok`) or
+    /// given back (`Err`).
+    fn hand_over_elsewhere(acks: &Arc<Acks>, seq: i64) -> mpsc::Receiver<Result<(), i64>> {
+        let (sent, heard) = mpsc::channel();
+        let acks = Arc::clone(acks);
+        std::thread::spawn(move || {
+            let _ = sent.send(acks.hand_over(ack(seq)).map_err(|ack| ack.seq));
+        });
+        heard
+    }
+
+    /// How long a hand-over that must wait is watched for returning anyway. Its return would
+    /// be the bug: a slow machine can only hide it, never report it falsely.
+    const WATCH: Duration = Duration::from_millis(200);
+
+    #[test]
+    fn a_worker_waits_while_the_unwritten_acks_reach_the_bound() {
+        let acks = Arc::new(Acks::default());
+        for seq in 0..MAX_WAITING as i64 {
+            assert!(acks.hand_over(ack(seq)).is_ok());
+        }
+        // All of them waiting, none in flight: the next one waits.
+        let heard = hand_over_elsewhere(&acks, -1);
+        assert!(heard.recv_timeout(WATCH).is_err(), "taken past the bound");
+        // A batch in flight still counts until the completer asks for the next.
+        let first = acks.next_batch().expect("acks waiting");
+        assert_eq!(first.len(), MAX_BATCH);
+        assert!(heard.recv_timeout(WATCH).is_err(), "taken while in flight");
+        let second = acks.next_batch().expect("acks waiting");
+        assert_eq!(second.len(), MAX_WAITING - MAX_BATCH);
+        assert_eq!(heard.recv_timeout(Duration::from_secs(10)), Ok(Ok(())));
+        assert_eq!(acks.next_batch().map(|b| b[0].seq), Some(-1));
+    }
+
+    #[test]
+    fn once_stopped_the_queue_empties_then_gives_acks_back() {
+        let acks = Arc::new(Acks::default());
+        for seq in 0..MAX_WAITING as i64 {
+            assert!(acks.hand_over(ack(seq)).is_ok());
+        }
+        // A worker waiting for room when the pool stops writes its own ack.
+        let heard = hand_over_elsewhere(&acks, -1);
+        acks.stop();
+        assert_eq!(heard.recv_timeout(Duration::from_secs(10)), Ok(Err(-1)));
+        assert_eq!(acks.hand_over(ack(-2)).map_err(|ack| ack.seq), Err(-2));
+        // What was handed over before the stop is still written, then the completer ends.
+        let mut written = 0;
+        while let Some(batch) = acks.next_batch() {
+            written += batch.len();
+        }
+        assert_eq!(written, MAX_WAITING);
+    }
+}
