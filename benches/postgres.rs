@@ -582,16 +582,21 @@ const RAW_INSERT: &str = "
     )
     SELECT id, pg_notify(tasq_channel(), 'ready')::TEXT FROM inserted";
 
-/// `tasks` raw single inserts (see [`RAW_INSERT`]), one after the other on one connection,
-/// with a pool listening on the queue's channel as in [`submit_run`] (each notification wakes
-/// its listener, on this machine's two cores too).
-fn raw_submit(db: &BenchDb, control: &mut Client, tasks: usize) -> Figure {
-    let pool = Pool::builder()
+/// A pool with no workers: it submits, and listens on the queue's channel.
+fn producer(db: &BenchDb) -> Result<Pool, String> {
+    Pool::builder()
         .postgres(db.url.clone())
         .workers(0)
         .register(EMPTY, |_, _: &()| Ok::<_, HandlerError>(()))
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+/// `tasks` raw single inserts (see [`RAW_INSERT`]), one after the other on one connection,
+/// with a pool listening on the queue's channel as in [`submit_run`] (each notification wakes
+/// its listener, on this machine's two cores too).
+fn raw_submit(db: &BenchDb, control: &mut Client, tasks: usize) -> Figure {
+    let pool = producer(db)?;
     let mut client = Client::connect(&db.url, NoTls).map_err(|e| e.to_string())?;
     let insert = client.prepare(RAW_INSERT).map_err(|e| e.to_string())?;
     let start = Instant::now();
@@ -637,12 +642,7 @@ fn submit(
 
 /// Submits `tasks` empty tasks on a pool with no workers, `batch` at a time (1: `submit`).
 fn submit_run(db: &BenchDb, control: &mut Client, tasks: usize, batch: usize) -> Figure {
-    let pool = Pool::builder()
-        .postgres(db.url.clone())
-        .workers(0)
-        .register(EMPTY, |_, _: &()| Ok::<_, HandlerError>(()))
-        .build()
-        .map_err(|e| e.to_string())?;
+    let pool = producer(db)?;
     let start = Instant::now();
     let result = (|| {
         if batch == 1 {

@@ -223,6 +223,15 @@ mod tests {
         Ack::alone(seq, 1, &mut Value::Null)
     }
 
+    /// A queue holding as many unwritten acks as it takes, all waiting.
+    fn full() -> Arc<Acks> {
+        let acks = Arc::new(Acks::default());
+        for seq in 0..MAX_WAITING as i64 {
+            assert!(acks.hand_over(ack(seq)).is_ok());
+        }
+        acks
+    }
+
     /// Hands one ack over on another thread; the receiver hears when it was taken (`Ok`) or
     /// given back (`Err`).
     fn hand_over_elsewhere(acks: &Arc<Acks>, seq: i64) -> mpsc::Receiver<Result<(), i64>> {
@@ -240,10 +249,7 @@ mod tests {
 
     #[test]
     fn a_worker_waits_while_the_unwritten_acks_reach_the_bound() {
-        let acks = Arc::new(Acks::default());
-        for seq in 0..MAX_WAITING as i64 {
-            assert!(acks.hand_over(ack(seq)).is_ok());
-        }
+        let acks = full();
         // All of them waiting, none in flight: the next one waits.
         let heard = hand_over_elsewhere(&acks, -1);
         assert!(heard.recv_timeout(WATCH).is_err(), "taken past the bound");
@@ -259,10 +265,7 @@ mod tests {
 
     #[test]
     fn once_stopped_the_queue_empties_then_gives_acks_back() {
-        let acks = Arc::new(Acks::default());
-        for seq in 0..MAX_WAITING as i64 {
-            assert!(acks.hand_over(ack(seq)).is_ok());
-        }
+        let acks = full();
         // A worker waiting for room when the pool stops writes its own ack.
         let heard = hand_over_elsewhere(&acks, -1);
         acks.stop();
