@@ -79,19 +79,6 @@ impl Ack {
             ended_at,
         }
     }
-
-    /// An ack written on its own by the worker (see `PgStore::write_ending`): `value` is
-    /// taken, and given back through [`Ack::value`].
-    pub(super) fn alone(seq: i64, lease: i64, value: &mut Value) -> Ack {
-        Ack {
-            seq,
-            lease,
-            value: std::mem::take(value),
-            output: None,
-            payload: None,
-            ended_at: None,
-        }
-    }
 }
 
 /// The acks waiting for the completer.
@@ -220,7 +207,14 @@ mod tests {
     use super::*;
 
     fn ack(seq: i64) -> Ack {
-        Ack::alone(seq, 1, &mut Value::Null)
+        Ack {
+            seq,
+            lease: 1,
+            value: Value::Null,
+            output: None,
+            payload: None,
+            ended_at: None,
+        }
     }
 
     /// A queue holding as many unwritten acks as it takes, all waiting.

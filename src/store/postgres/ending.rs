@@ -94,11 +94,11 @@ impl PgStore {
         seq: i64,
         lease: i64,
         lane: usize,
-        mut ending: Ending,
+        ending: Ending,
         ended_at: Option<i64>,
     ) {
         let (written, cascaded) =
-            self.write_until_done(|store| store.write_ending(seq, lease, &mut ending, ended_at));
+            self.write_until_done(|store| store.write_ending(seq, lease, &ending, ended_at));
         let mut litter = Vec::new();
         let from_row = self.settle(seq, written, cascaded, ending, &mut litter);
         self.release(seq, lease, lane);
@@ -330,23 +330,13 @@ impl PgStore {
         &self,
         seq: i64,
         lease: i64,
-        ending: &mut Ending,
+        ending: &Ending,
         ended_at: Option<i64>,
     ) -> Result<Option<(TaskState, u64)>, String> {
-        // The common cases in one statement: no cancel asked, no dependents to release
-        // (checked on the row's latest version, under its lock).
+        // The common case in one statement: no cancel asked (checked on the row's latest
+        // version, under its lock). A success never comes here: the completer writes it
+        // (`completer.rs`); were one to, the general path would write it too.
         let fast = match ending {
-            // Alone: the completer writes the others (see `completer.rs`).
-            Ending::Succeeded(output, _) => {
-                let batch = [super::acks::Ack::alone(seq, lease, output)];
-                let written = super::acks::write(self, &batch)?;
-                *output = batch
-                    .into_iter()
-                    .next()
-                    .map(|a| a.value)
-                    .unwrap_or_default();
-                u64::from(written.contains(&seq))
-            }
             Ending::Retry { delay, error } => self.with_conn_at(ended_at, |c| {
                 c.execute(
                     "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
@@ -358,14 +348,10 @@ impl PgStore {
                     &[&seq, &lease, error, &rows::micros(*delay)],
                 )
             })?,
-            Ending::Failed(_) => 0,
+            Ending::Succeeded(..) | Ending::Failed(_) => 0,
         };
         if fast == 1 {
-            let state = match ending {
-                Ending::Succeeded(..) => TaskState::Succeeded,
-                _ => TaskState::Scheduled,
-            };
-            return Ok(Some((state, 0)));
+            return Ok(Some((TaskState::Scheduled, 0)));
         }
         self.write_general(seq, lease, ending, ended_at)
     }
