@@ -152,6 +152,10 @@ impl Acks {
 /// one per batch, not one per task, is what lets acks scale with the workers. `t.id = ANY($1)`
 /// keeps the rows found through the primary key in the prepared statement's generic plan.
 ///
+/// Each row's `finished_at` is a microsecond after the one handed over before it: one
+/// statement's `tasq_now()` would give the batch one time, and retention by count (which keeps
+/// the newest rows by `finished_at`) would then keep any of them.
+///
 /// The rows are locked in id order first (`locked`), as a submit locks its dependencies: an
 /// update joined to the batch would lock them in whatever order its plan meets them, and a
 /// batch holding one dependency while a submit holds another would deadlock with it.
@@ -159,10 +163,12 @@ pub(crate) const ACK: &str = "
     WITH locked AS (
         SELECT id FROM tasq_tasks WHERE id = ANY($1) ORDER BY id FOR UPDATE
     ), done AS (
-        SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::JSONB[]) AS d(id, lease, output)
+        SELECT * FROM unnest($1::BIGINT[], $2::BIGINT[], $3::JSONB[])
+            WITH ORDINALITY AS d(id, lease, output, ord)
     ), ended AS (
         UPDATE tasq_tasks t SET status = 'succeeded', output = done.output,
-               finished_at = tasq_now(), lease_until = NULL
+               finished_at = tasq_now() + interval '1 microsecond' * (done.ord - 1),
+               lease_until = NULL
         FROM done JOIN locked USING (id)
         WHERE t.id = ANY($1) AND t.id = done.id AND t.lease_id = done.lease
           AND t.status = 'running'
