@@ -40,8 +40,11 @@ impl Scene {
         let flooding = Arc::new(AtomicBool::new(true));
         let (flood_started, flood_opened) = (started_tx.clone(), opened.clone());
         let keep_flooding = Arc::clone(&flooding);
+        // No claim ahead on the durable store: a task claimed ahead waits in the process for
+        // its worker, and a flood task submitted after it cannot overtake it there.
         let pool = builder
             .workers(1)
+            .prefetch(0)
             .manual_clock(clock.clone())
             .register(FLOOD, move |ctx, n: &u64| {
                 if keep_flooding.load(Ordering::SeqCst) {
