@@ -214,6 +214,10 @@ mod imp {
         pub fn pop(&self) -> Option<T> {
             self.0.lock().unwrap().pop_front()
         }
+
+        pub fn is_empty(&self) -> bool {
+            self.0.lock().unwrap().is_empty()
+        }
     }
 
     pub type JoinHandle = loom::thread::JoinHandle<()>;

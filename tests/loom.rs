@@ -695,3 +695,56 @@ fn two_fire_and_forget_submits_wake_the_worker_by_themselves() {
         pool.shutdown(Duration::from_secs(1));
     });
 }
+
+// ===== direct runs (src/store/memory/slots.rs) =====
+//
+// A plain task due at once, of an ungated type, runs from the worker's slot without the pool's
+// lock, and a success with a unit output leaves no record (every fire-and-forget model above
+// runs that way too). These race the lookups that must still find such a task.
+
+/// 21. A lookup by id racing the worker taking a plain task from the intake into its slot and
+/// running it without the lock: the lookup finds the task (ready, running or succeeded),
+/// never nothing. Fails when a worker pops the intake without holding its slot's lock (rule 1
+/// of `slots.rs`), or a lookup takes the slots before the intake (rule 3).
+#[test]
+fn a_lookup_finds_a_task_a_worker_takes_without_the_lock() {
+    model(|| {
+        let pool = Arc::new(signal_pool());
+        let signal = Arc::new(Signal::default());
+        let id = pool.submit(SIGNAL.task(Arc::clone(&signal))).unwrap().id();
+        let looker = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.status(id))
+        };
+        let seen = looker.join().unwrap();
+        assert!(seen.is_some(), "the lookup lost {id}");
+        signal.wait_for(1);
+        pool.shutdown(Duration::from_secs(1));
+        pool.check_invariants().unwrap();
+        assert_eq!(pool.status(id), Some(TaskState::Succeeded));
+    });
+}
+
+/// 22. A lookup and a handle's first read racing the end of a direct run (the success going
+/// into the worker's done buffer, then into the state): the task is running or succeeded,
+/// never unknown, and the handle reads a success. Fails when a direct task leaves its slot
+/// before its success is in the done buffer under the same lock (rule 5 of `slots.rs`).
+#[test]
+fn a_lookup_races_the_end_of_a_direct_run() {
+    model(|| {
+        let pool = Arc::new(signal_pool());
+        let signal = Arc::new(Signal::default());
+        let handle = pool.submit(SIGNAL.task(Arc::clone(&signal))).unwrap();
+        let id = handle.id();
+        signal.wait_for(1);
+        let reader = thread::spawn(move || handle.wait());
+        let seen = pool.status(id);
+        assert!(
+            matches!(seen, Some(TaskState::Running | TaskState::Succeeded)),
+            "{id} was {seen:?}"
+        );
+        assert_eq!(reader.join().unwrap(), Outcome::Succeeded(()));
+        pool.shutdown(Duration::from_secs(1));
+        pool.check_invariants().unwrap();
+    });
+}

@@ -185,6 +185,11 @@ const OWN_TIMEOUT: Duration = Duration::from_secs(60);
 const TICK: TaskType<u64, ()> = TaskType::new("soak-tick");
 const TICK_EVERY: Duration = Duration::from_millis(20);
 
+/// Plain fire-and-forget tasks with a unit output (issue 24): in a pool without lanes they run
+/// from the workers' slots without the pool's lock, and succeed without a record. See
+/// [`Plains`].
+const PLAIN: TaskType<u64, ()> = TaskType::new("soak-plain");
+
 const DOWNSTREAM: &str = "soak-downstream";
 const BREAKER: Breaker = Breaker::new(3, Duration::from_millis(1));
 /// What a guarded handler returns while the downstream is out.
@@ -1160,6 +1165,10 @@ struct Config {
     shutdown_timeout: Duration,
     /// Shutdown begins once this many tasks were accepted (or when the producer is done).
     shutdown_after: u64,
+    /// Whether queue `slow` has a lane of [`SLOW_WORKERS`] of its own. A pool with lanes runs
+    /// no task direct (every type is gated by its lane): the run without them mixes the direct
+    /// runs of plain tasks (`src/store/memory/slots.rs`) with everything else.
+    lanes: bool,
 }
 
 /// An accepted task, as the producer knows it.
@@ -1255,6 +1264,7 @@ struct Produced {
 struct Shared<'a> {
     pool: &'a Pool,
     ticks: &'a Ticks,
+    plains: &'a Plains,
     recorder: &'a Recorder,
     findings: &'a Findings,
     /// Set just before the shutdown is triggered.
@@ -1283,6 +1293,8 @@ fn produce(
     let mut spans_rng = Rng(mix(cfg.seed ^ 0xB0257));
     // And the lookups of keys.
     let mut keys_rng = Rng(mix(cfg.seed ^ 0x4E75));
+    // And the plain tasks.
+    let mut plain_rng = Rng(mix(cfg.seed ^ 0x9A1B));
     let mut outage_left: u64 = 0;
     let mut burst: Option<(Ty, u64)> = None;
     let mut tasks: IdMap<Accepted> =
@@ -1327,6 +1339,7 @@ fn produce(
         if seq % 256 == 0 {
             wait_for_backlog(sh);
         }
+        sh.plains.step(pool, &mut plain_rng, seq);
 
         // Now and then: resubmit, or take, a dead letter.
         if rng.chance(1, 150) {
@@ -1784,6 +1797,142 @@ impl Ticks {
             ran.len()
         );
         made.len() as u64
+    }
+}
+
+/// The plain tasks the producer mixes in with the others (one step in three submits one): it
+/// keeps half their handles and drops the others at once, looks a kept one up by id now and
+/// then (a lookup must never lose a task that has not finished: a pool forgets only finished
+/// ones), and cancels a few. At the end each ran at most once, a kept one that succeeded ran
+/// exactly once, and none failed.
+#[derive(Default)]
+struct Plains {
+    /// Runs of each plain task, by its number.
+    runs: Mutex<HashMap<u64, u32>>,
+    kept: Mutex<Vec<(u64, TaskHandle<()>)>>,
+    /// Every plain task's id, for the pages of `tasks()`.
+    ids: Mutex<IdSet>,
+    submitted: AtomicU64,
+    dropped: AtomicU64,
+    lookups: AtomicU64,
+    cancels: AtomicU64,
+    /// Lookups that found nothing of a task whose handle had not finished.
+    lost: Mutex<Vec<String>>,
+    /// Refusals other than a shutdown's.
+    refused: Mutex<Vec<String>>,
+}
+
+/// What the plain tasks added to the books (see [`check`]).
+#[derive(Default, Debug)]
+struct PlainBooks {
+    submitted: u64,
+    /// Handles dropped at once: their outcomes are in the totals only.
+    unseen: u64,
+    succeeded: u64,
+    failed: u64,
+    cancelled: u64,
+    ids: IdSet,
+}
+
+impl Plains {
+    fn ran(&self, n: u64) {
+        *self.runs.lock().unwrap().entry(n).or_default() += 1;
+    }
+
+    /// One step of the producer's: maybe a submit, maybe a lookup or a cancel.
+    fn step(&self, pool: &Pool, rng: &mut Rng, n: u64) {
+        if rng.below(3) == 0 {
+            match pool.submit(PLAIN.task(n)) {
+                Ok(handle) => {
+                    self.submitted.fetch_add(1, Ordering::SeqCst);
+                    self.ids.lock().unwrap().insert(handle.id());
+                    if rng.below(2) == 0 {
+                        self.kept.lock().unwrap().push((n, handle));
+                    } else {
+                        drop(handle);
+                        self.dropped.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Err(error) if *error.kind() == SubmitErrorKind::ShutDown => {}
+                Err(error) => self.refused.lock().unwrap().push(error.to_string()),
+            }
+        }
+        let pick = rng.below(16);
+        if pick > 1 {
+            return;
+        }
+        let kept = self.kept.lock().unwrap();
+        let Some((n, handle)) = kept.get(rng.below(kept.len().max(1) as u64) as usize) else {
+            return;
+        };
+        let id = handle.id();
+        if pick == 0 {
+            self.lookups.fetch_add(1, Ordering::SeqCst);
+            let status = pool.status(id);
+            let info = pool.info(id);
+            // Forgotten only once finished, and a handle's outcome never goes.
+            if (status.is_none() || info.is_none()) && !handle.is_finished() {
+                self.lost.lock().unwrap().push(format!(
+                    "plain {n} ({id}): status {status:?}, info {}, unfinished",
+                    info.is_some()
+                ));
+            }
+            if let Some(info) = info.filter(|info| info.task_type != PLAIN.name()) {
+                self.lost
+                    .lock()
+                    .unwrap()
+                    .push(format!("plain {n} ({id}): {info:?}"));
+            }
+        } else {
+            self.cancels.fetch_add(1, Ordering::SeqCst);
+            let _ = pool.cancel(id);
+        }
+    }
+
+    /// The end-of-run checks; what the plain tasks add to the totals.
+    fn check(&self, findings: &Findings) -> PlainBooks {
+        let runs = self.runs.lock().unwrap().clone();
+        if let Some((n, times)) = runs.iter().find(|&(_, &times)| times > 1) {
+            findings.add("a plain task ran more than once", || {
+                format!("plain {n}: {times} runs")
+            });
+        }
+        let mut books = PlainBooks {
+            submitted: self.submitted.load(Ordering::SeqCst),
+            unseen: self.dropped.load(Ordering::SeqCst),
+            ids: std::mem::take(&mut *self.ids.lock().unwrap()),
+            ..PlainBooks::default()
+        };
+        for (n, handle) in self.kept.lock().unwrap().iter() {
+            let ran = runs.get(n).copied().unwrap_or(0);
+            match handle.wait_timeout(HANDLE_WAIT) {
+                Some(Outcome::Succeeded(())) if ran == 1 => books.succeeded += 1,
+                Some(Outcome::Cancelled(_)) if ran <= 1 => books.cancelled += 1,
+                outcome => {
+                    books.failed += u64::from(matches!(outcome, Some(Outcome::Failed(_))));
+                    findings.add("a plain task's outcome does not fit its runs", || {
+                        format!("plain {n} ({}): {outcome:?} after {ran} runs", handle.id())
+                    });
+                }
+            }
+        }
+        for lost in self.lost.lock().unwrap().iter().take(1) {
+            findings.add("a lookup lost a plain task", || lost.clone());
+        }
+        for refused in self.refused.lock().unwrap().iter().take(1) {
+            findings.add("a plain task was refused", || refused.clone());
+        }
+        println!(
+            "soak plain tasks: {} submitted, {} handles dropped at once, {} lookups, {} cancels; \
+             kept: {} succeeded, {} cancelled",
+            books.submitted,
+            books.unseen,
+            self.lookups.load(Ordering::SeqCst),
+            self.cancels.load(Ordering::SeqCst),
+            books.succeeded,
+            books.cancelled
+        );
+        books
     }
 }
 
@@ -2831,7 +2980,7 @@ fn run(cfg: Config) {
     let watchdog_limit = Duration::from_secs(env_u64("TASQ_SOAK_WATCHDOG_SECS").unwrap_or(240));
     println!(
         "soak {}: seed {} (replay with TASQ_SOAK_SEED={}), {} tasks, {} workers, retention ({}, {:?}), dead-letter limit {}, \
-         shutdown after {} accepted with timeout {:?}",
+         shutdown after {} accepted with timeout {:?}, lanes {}",
         cfg.name,
         cfg.seed,
         cfg.seed,
@@ -2841,7 +2990,8 @@ fn run(cfg: Config) {
         cfg.max_age,
         cfg.dead_letter_limit,
         cfg.shutdown_after,
-        cfg.shutdown_timeout
+        cfg.shutdown_timeout,
+        cfg.lanes
     );
     let last_stats = Arc::new(Mutex::new(String::from("(none yet)")));
     let watchdog = Watchdog::start(cfg.name, cfg.seed, watchdog_limit, Arc::clone(&last_stats));
@@ -2851,11 +3001,16 @@ fn run(cfg: Config) {
     let worker_log = Arc::new(WorkerLog::default());
     let pool_slot: Arc<OnceLock<Weak<Pool>>> = Arc::new(OnceLock::new());
 
-    let mut builder = Pool::builder()
+    let mut builder = Pool::builder().thread_name(cfg.thread_name);
+    builder = if cfg.lanes {
         // The threads stay `cfg.workers`: one of them is the slow queue's own.
-        .workers(cfg.workers - SLOW_WORKERS)
-        .queue("slow", SLOW_WORKERS)
-        .thread_name(cfg.thread_name)
+        builder
+            .workers(cfg.workers - SLOW_WORKERS)
+            .queue("slow", SLOW_WORKERS)
+    } else {
+        builder.workers(cfg.workers)
+    };
+    let mut builder = builder
         .seed(cfg.seed)
         .retry_policy(POOL_RETRY)
         .retention(cfg.retention_count, cfg.max_age)
@@ -2896,6 +3051,14 @@ fn run(cfg: Config) {
         });
     }
     builder = builder.schedule(Ticks::schedule(&ticks));
+    let plains = Arc::new(Plains::default());
+    {
+        let plains = Arc::clone(&plains);
+        builder = builder.register(PLAIN, move |_, n: &u64| {
+            plains.ran(*n);
+            Ok::<_, HandlerError>(())
+        });
+    }
     for ty in Ty::ALL.into_iter().filter(|&ty| ty != Ty::Fast) {
         builder = builder.register_with(ty.task_type(), ty.options(), handler(&recorder));
     }
@@ -2932,6 +3095,7 @@ fn run(cfg: Config) {
     let sh = Shared {
         pool: &pool,
         ticks: &ticks,
+        plains: &plains,
         recorder: &recorder,
         findings: &findings,
         shutting_down: &shutting_down,
@@ -3052,6 +3216,7 @@ fn run(cfg: Config) {
             ticks.check(&findings),
             ticks.ran.lock().unwrap().len() as u64,
         ),
+        &plains.check(&findings),
     );
     let hooks = check_worker_hooks(&cfg, &findings, &worker_log, report.is_some());
     let check_time = checking.elapsed();
@@ -3145,6 +3310,7 @@ fn check(
     events: &EventLog,
     listing: &Listing,
     ticks: (u64, u64),
+    plain: &PlainBooks,
 ) -> String {
     // 1. Every handle returns a terminal outcome. One wait of HANDLE_WAIT at most: once one
     //    handle timed out, the others are only polled.
@@ -3219,14 +3385,20 @@ fn check(
         let t = stats.totals;
         // The periodic task's slots are submitted by the pool itself: at least every slot that
         // ran, at most every slot made (one made as a pause began is dropped unsubmitted).
-        let others = c.accepted + c.resubmitted + c.brought_back + c.followed_up;
+        let others = c.accepted + c.resubmitted + c.brought_back + c.followed_up + plain.submitted;
         let scheduled = t.submitted.saturating_sub(others);
         if t.submitted < others || scheduled > ticks.0 || scheduled < ticks.1 {
             findings.add("totals.submitted differs from the accepted tasks", || {
                 format!(
                     "{t:?}, accepted {} + resubmitted {} + brought back {} + followed up {} \
-                     + scheduled between {} ran and {} made",
-                    c.accepted, c.resubmitted, c.brought_back, c.followed_up, ticks.1, ticks.0
+                     + plain {} + scheduled between {} ran and {} made",
+                    c.accepted,
+                    c.resubmitted,
+                    c.brought_back,
+                    c.followed_up,
+                    plain.submitted,
+                    ticks.1,
+                    ticks.0
                 )
             });
         }
@@ -3243,7 +3415,12 @@ fn check(
             );
         }
         // Brought-back dependents the test never got a handle to are in the totals only.
-        let unseen = c.brought_back_unseen + scheduled;
+        let unseen = c.brought_back_unseen + scheduled + plain.unseen;
+        let (succeeded, failed, cancelled) = (
+            succeeded + plain.succeeded,
+            failed + plain.failed,
+            cancelled + plain.cancelled,
+        );
         let seen = succeeded + failed + cancelled;
         if unfinished == 0
             && (t.succeeded < succeeded
@@ -3639,6 +3816,19 @@ fn check(
     //    settings, within its limit, and in a terminal state only if it ended so.
     for listed in &listing.listed {
         let Some(acc) = produced.tasks.get(&listed.id) else {
+            if listed.task_type == PLAIN.name() {
+                // A plain task: one run at most, never a dead letter.
+                if !plain.ids.contains(&listed.id)
+                    || listed.attempts > 1
+                    || listed.state == TaskState::Failed
+                {
+                    findings.add(
+                        "a page of tasks lists a plain task otherwise than it is",
+                        || format!("{listed:?}"),
+                    );
+                }
+                continue;
+            }
             // The periodic task's, which the pool submits itself (checked by `Ticks::check`).
             if listed.task_type != TICK.name() && !produced.dead.unseen.contains(&listed.id) {
                 findings.add(
@@ -3744,10 +3934,8 @@ fn check_mitigations(
 ) -> String {
     // The queues' bounds: the slow queue's lane, the metered queue's limit.
     let mut most_queued = Vec::new();
-    for (q, name, bound) in [
-        (0, "slow", SLOW_WORKERS as u32),
-        (1, "metered", METERED_LIMIT),
-    ] {
+    let lane = cfg.lanes.then_some((0, "slow", SLOW_WORKERS as u32));
+    for (q, name, bound) in lane.into_iter().chain([(1, "metered", METERED_LIMIT)]) {
         let seen = recorder.queue_most[q].load(Ordering::SeqCst);
         most_queued.push(format!("{name} {seen}/{bound}"));
         if seen > bound {
@@ -4086,6 +4274,7 @@ fn count_retention() {
             [rng.below(5) as usize],
         // Often while the producer is still submitting.
         shutdown_after: tasks * 3 / 4 + rng.below(tasks / 2 + 1),
+        lanes: true,
     };
     run(cfg);
 }
@@ -4110,6 +4299,7 @@ fn age_retention_on_a_manual_clock() {
         shutdown_timeout: [0, 1, 20, 10_000, 10_000].map(Duration::from_millis)
             [rng.below(5) as usize],
         shutdown_after: tasks * 3 / 4 + rng.below(tasks / 2 + 1),
+        lanes: false,
     };
     run(cfg);
 }

@@ -153,7 +153,7 @@ fn run<S: Store, R: Rng>(
     rng: &mut R,
     held: &Cell<Option<TaskId>>,
 ) {
-    let mut next = store.claim(None);
+    let mut next = store.claim(index, None);
     while let Some(claim) = next {
         held.set(Some(claim.id));
         #[cfg(all(test, not(tasq_loom)))]

@@ -432,9 +432,10 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
 
     // ===== the worker runtime =====
 
-    /// Blocks until a task can run, and claims it; `None` when the worker should exit. `spare`
-    /// is a token the claim may use instead of allocating one.
-    fn claim(&self, spare: Option<CancelToken>) -> Option<Claim>;
+    /// Blocks until a task can run, and claims it for worker `worker` (its index, from 0);
+    /// `None` when the worker should exit. `spare` is a token the claim may use instead of
+    /// allocating one.
+    fn claim(&self, worker: usize, spare: Option<CancelToken>) -> Option<Claim>;
 
     /// Records the outcome of a claimed task's run, then claims the next task as
     /// [`claim`](Store::claim) does (at once when a task is ready). `token` is the finished

@@ -16,10 +16,11 @@
 //! loom checks exactly):
 //!
 //! * `pending`: entries announced minus entries moved into the state. A producer pushes its
-//!   entry, *then* adds one (the announcement). A worker moving the intake (under the pool's
-//!   lock, the only place entries are popped) pops until the queue is empty, announced or not,
-//!   and subtracts what it popped: so every submit that returned before a move is in the state
-//!   after it. The count is a wrapping 32-bit field at the top of the word, read as signed: it
+//!   entry, *then* adds one (the announcement). Whoever pops entries (a worker into its slot,
+//!   under the slot's lock; a lookup moving the whole intake into the state, under the pool's
+//!   lock: see `slots.rs`) subtracts what it popped in the same call; a lookup pops until the
+//!   queue is empty, announced or not: so every submit that returned before a lookup is in the
+//!   state or in a slot after it. The count is a wrapping 32-bit field at the top of the word, read as signed: it
 //!   is negative while entries popped before their announcement are still unannounced.
 //! * `sleepers`: workers waiting on a condition variable and not yet notified
 //!   (`State::idle - State::notified`, plus the timer if it sleeps un-notified), mirrored here
@@ -30,12 +31,16 @@
 //! # No lost wake-up
 //!
 //! * A producer whose announcement finds a sleeper and no searcher takes the lock and wakes one
-//!   (which then wakes others as it finds more ready, rule 1 of the wake-up protocol in
-//!   `mod.rs`). One that finds a searcher leaves it to that searcher: a searcher leaves the
-//!   count (a read-modify-write after the announcement) before it moves the intake, so it sees
-//!   the entry. One that finds no sleeper leaves it to the workers that are awake.
+//!   (as many as rule 1 of the wake-up protocol in `mod.rs` calls for, counting what is
+//!   pending as ready). One that finds a searcher leaves it to that searcher: a searcher leaves
+//!   the count (a read-modify-write after the announcement) before it pops the intake, so it
+//!   sees the entry. One that finds no sleeper leaves it to the workers that are awake. A
+//!   worker that pops its share and leaves more pending, with a sleeper and no searcher, wakes
+//!   one too (`MemoryStore::wake_for_intake`).
 //! * A worker about to wait adds itself to `sleepers`; if that read-modify-write finds `pending`
-//!   above zero, it takes itself off again and moves the intake instead of waiting. Of the two
+//!   above zero, it takes itself off again and pops the intake instead of waiting (yielding
+//!   first if the queue is empty: another worker popped the entry and has not yet subtracted
+//!   it). Of the two
 //!   read-modify-writes (announcement, going to sleep), whichever comes second sees the other.
 //!   An announcement that leaves `pending` at zero or below (a worker popped another producer's
 //!   entry before it was announced) may find its own entry left for that other announcement,
@@ -53,6 +58,7 @@
 //! and none is accepted after.
 
 use std::any::Any;
+use std::collections::VecDeque;
 
 use super::ids::Seq;
 use super::queue::Stamp;
@@ -71,6 +77,9 @@ pub(crate) struct Entry {
     pub(crate) payload: Box<dyn Any + Send>,
     pub(crate) type_index: u32,
     pub(crate) priority: u8,
+    /// Eligible for a direct run (see `slots.rs`, rule 4): due when submitted, priority 0, of a
+    /// type with no gate in a pool without aging or lanes.
+    pub(crate) direct: bool,
 }
 
 #[cfg(test)]
@@ -84,6 +93,7 @@ impl Entry {
             payload: Box::new(()),
             type_index: 0,
             priority: 0,
+            direct: true,
         }
     }
 }
@@ -127,6 +137,12 @@ pub(crate) enum Announced {
 pub(crate) struct Intake {
     queue: Queue<Entry>,
     word: AtomicU64,
+    /// Entries pushed and not yet popped that may not run direct (see `slots.rs`, rule 4):
+    /// counted before the push, uncounted by whoever pops them. While it is above zero, a
+    /// worker starts no direct task without the lock, which then moves the intake into the
+    /// state: so a task of a higher priority, or due later, submitted before a plain one, is
+    /// ordered against it as it always was.
+    ineligible: AtomicU64,
     /// The next task's sequence number, for every submit (plain or not): shared with the
     /// state, which takes the ids of the others under the lock.
     next_seq: Arc<AtomicU64>,
@@ -137,6 +153,7 @@ impl Intake {
         Intake {
             queue: Queue::new(),
             word: AtomicU64::new(0),
+            ineligible: AtomicU64::new(0),
             next_seq,
         }
     }
@@ -165,6 +182,9 @@ impl Intake {
 
     /// Pushes `entry` and announces it.
     pub(crate) fn push(&self, entry: Entry) -> Announced {
+        if !entry.direct {
+            self.ineligible.fetch_add(1, Ordering::AcqRel);
+        }
         self.queue.push(entry);
         let before = self.word.fetch_add(PENDING, Ordering::AcqRel);
         if sleepers(before) > 0 && searchers(before) == 0 {
@@ -174,18 +194,65 @@ impl Intake {
         }
     }
 
-    /// Pops every entry in the queue, announced or not, handing each to `insert`; returns how
-    /// many. Call under the pool's lock only (one mover at a time keeps `pending` exact).
-    pub(crate) fn drain(&self, mut insert: impl FnMut(Entry)) -> u64 {
+    /// Pops up to `max` entries, announced or not, onto the back of `into`; returns how many.
+    /// A worker calls it holding its slot's lock, `into` being the slot's parked entries (see
+    /// `slots.rs`, rule 1). Every pop, here or in [`drain`](Self::drain), subtracts itself from
+    /// `pending` in the same call: concurrent poppers keep the count exact between calls.
+    pub(crate) fn pop_into(&self, into: &mut VecDeque<Entry>, max: usize) -> usize {
         let mut n = 0;
-        while let Some(entry) = self.queue.pop() {
-            insert(entry);
+        let mut ineligible = 0;
+        while n < max {
+            let Some(entry) = self.queue.pop() else {
+                break;
+            };
+            ineligible += u64::from(!entry.direct);
+            into.push_back(entry);
             n += 1;
+        }
+        self.popped(n as u64, ineligible);
+        n
+    }
+
+    /// Whether the queue holds no entry now (announced or not).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Whether an entry that may not run direct waits in the intake (or is being pushed).
+    pub(crate) fn holds_ineligible(&self) -> bool {
+        self.ineligible.load(Ordering::Acquire) > 0
+    }
+
+    /// `n` entries were popped, `ineligible` of them not eligible for a direct run.
+    fn popped(&self, n: u64, ineligible: u64) {
+        if ineligible > 0 {
+            self.ineligible.fetch_sub(ineligible, Ordering::AcqRel);
         }
         if n > 0 {
             // Wraps within the top field (see `pending`).
             self.word.fetch_sub(n * PENDING, Ordering::AcqRel);
         }
+    }
+
+    /// Whether entries wait, a worker sleeps and none is on its way: a worker that has just
+    /// popped its share should wake one (with the pool's lock, `MemoryStore::wake_for_intake`).
+    pub(crate) fn wants_searcher(&self) -> bool {
+        let word = self.word.load(Ordering::Acquire);
+        pending(word) > 0 && sleepers(word) > 0 && searchers(word) == 0
+    }
+
+    /// Pops every entry in the queue, announced or not, handing each to `insert`; returns how
+    /// many. Called under the pool's lock, by a lookup (see `slots.rs`, rule 3); workers pop
+    /// meanwhile into their slots ([`pop_into`](Self::pop_into)).
+    pub(crate) fn drain(&self, mut insert: impl FnMut(Entry)) -> u64 {
+        let mut n = 0;
+        let mut ineligible = 0;
+        while let Some(entry) = self.queue.pop() {
+            ineligible += u64::from(!entry.direct);
+            insert(entry);
+            n += 1;
+        }
+        self.popped(n, ineligible);
         n
     }
 

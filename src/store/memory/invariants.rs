@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use super::ids::Seq;
 use super::record::{Gating, Record};
+use super::slots::Slot;
 use super::state::{Counts, State};
 use crate::model::state::TaskState;
 
@@ -190,21 +191,30 @@ impl State {
             .values()
             .filter(|r| r.extra.as_ref().is_some_and(|e| e.expired))
             .count();
-        if terminal != self.finished.len() + expired {
+        if terminal + self.done.len() != self.finished.len() + expired {
             return fail(
                 1,
                 format!(
-                    "{terminal} terminal records, {} retained and {expired} expired dead letters",
+                    "{terminal} terminal records and {} record-less successes, {} retained and \
+                     {expired} expired dead letters",
+                    self.done.len(),
                     self.finished.len()
                 ),
             );
         }
+        if let Err(what) = self.done.check() {
+            return fail(18, what);
+        }
         for &(seq, _) in &self.finished {
-            if !self
-                .records
-                .get(&seq)
-                .is_some_and(|r| r.state.is_terminal())
-            {
+            let record_less = self.done.contains(seq);
+            let terminal = self.records.get(&seq).map(|r| r.state.is_terminal());
+            if record_less && terminal.is_some() {
+                return fail(
+                    18,
+                    format!("record-less success {} has a record", self.id(seq)),
+                );
+            }
+            if !record_less && terminal != Some(true) {
                 return fail(
                     6,
                     format!("{} is in retention but not terminal", self.id(seq)),
@@ -223,11 +233,48 @@ impl State {
             }
         }
         for seq in self.early_drops.keys() {
-            if self.records.contains_key(seq) || self.orphans.contains_key(seq) {
+            if self.records.contains_key(seq)
+                || self.orphans.contains_key(seq)
+                || self.done.contains(*seq)
+            {
                 return fail(
                     15,
                     format!("early drop {} is not in the intake", self.id(*seq)),
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariant 17 for one worker's slot (locked; the worker may have popped, started or
+    /// ended direct tasks since a lookup materialized it).
+    pub(crate) fn check_slot(&self, slot: &Slot) -> Result<(), String> {
+        let fail = |what: String| Err(format!("invariant 17 broken: {what}"));
+        for entry in &slot.parked {
+            if self.records.contains_key(&entry.seq) || self.done.contains(entry.seq) {
+                return fail(format!("parked {} is in the state", self.id(entry.seq)));
+            }
+        }
+        if let Some(run) = &slot.running {
+            let record = self.records.get(&run.seq);
+            let running = record.is_some_and(|r| r.state == TaskState::Running)
+                && self.tokens.contains_key(&run.seq);
+            let fits = match run.recorded {
+                true => running,
+                false => record.is_none() && !self.done.contains(run.seq),
+            };
+            if !fits {
+                return fail(format!(
+                    "direct {} runs, recorded {}, its record {:?}",
+                    self.id(run.seq),
+                    run.recorded,
+                    record.map(|r| r.state)
+                ));
+            }
+        }
+        for &(seq, _) in &slot.done {
+            if self.records.contains_key(&seq) || self.done.contains(seq) {
+                return fail(format!("done {} is in the state twice", self.id(seq)));
             }
         }
         Ok(())

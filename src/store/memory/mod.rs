@@ -1,14 +1,15 @@
 //! The embedded store: one lock over the task state, and the wake-up protocol of the workers.
 //!
-//! # Intake
+//! # Intake and direct runs
 //!
 //! A plain submit (no dependencies, no key) never takes the lock: it pushes its task onto the
-//! lock-free intake (`intake.rs`, which has its own design note), and a worker moves everything
-//! there into the state when it next looks for work, under the lock it takes anyway. Every
-//! other operation moves the intake in first too, so the state it sees holds every task
-//! accepted so far. A producer takes the lock only to wake a sleeping worker when no other is
-//! on its way (the intake word counts both), and the rules below then apply as for any
-//! transition.
+//! lock-free intake (`intake.rs`, which has its own design note). Workers pop it into their
+//! slots (`slots.rs`, the protocol of direct runs) and, when nothing ranks before it, run it
+//! without the lock and without a record; a success with a unit output is remembered as a
+//! mark in a range (`done.rs`). Every other operation moves the intake and the slots into the
+//! state first (`MemoryStore::materialize`), so the state it sees holds every task accepted so
+//! far. A producer takes the lock only to wake a sleeping worker when no other is on its way
+//! (the intake word counts both).
 //!
 //! # Wake-up protocol
 //!
@@ -85,7 +86,10 @@
 //! Every wait is a loop that re-checks its condition, so spurious wake-ups are harmless; no path
 //! that makes progress depends on a timed wait firing, which is what lets loom check it.
 
+mod claim;
 mod dead_letters;
+mod direct;
+mod done;
 mod gate;
 mod ids;
 mod intake;
@@ -100,6 +104,7 @@ mod record;
 mod retention;
 mod run;
 pub(crate) mod schedules;
+mod slots;
 mod state;
 mod store;
 mod submit;

@@ -82,6 +82,22 @@ impl ReadyQueue {
         }
     }
 
+    /// The highest-priority, oldest live entry and its priority, left in place (stale entries
+    /// before it are dropped).
+    pub(crate) fn front(&mut self, is_live: impl Fn(Seq) -> bool) -> Option<(u8, Seq)> {
+        let p = self.highest()?;
+        let bucket = &mut self.buckets[p];
+        loop {
+            let &id = bucket
+                .front()
+                .expect("a bucket with live entries is not empty");
+            if is_live(id) {
+                return Some((p as u8, id));
+            }
+            bucket.pop_front();
+        }
+    }
+
     /// Removes and returns the highest-priority, oldest live entry.
     pub(crate) fn pop(&mut self, is_live: impl Fn(Seq) -> bool) -> Option<Seq> {
         let p = self.highest()?;
@@ -285,6 +301,11 @@ impl DelayedQueue {
             self.heap.shrink_to(64);
         }
         None
+    }
+
+    /// The earliest entry's due stamp, live or stale: no live entry is due before it.
+    pub(crate) fn peek_stamp(&self) -> Option<Stamp> {
+        self.heap.peek().map(|Reverse(top)| top.at)
     }
 
     /// Removes and returns the earliest entry if it is due at `now` (live or stale: the caller

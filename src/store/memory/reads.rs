@@ -16,8 +16,14 @@ impl State {
     pub(crate) fn status(&self, id: TaskId) -> Option<TaskState> {
         match self.record(id) {
             Some((_, record)) => Some(record.state),
-            None => self.dormant(id).map(|_| TaskState::Scheduled),
+            None if self.dormant(id).is_some() => Some(TaskState::Scheduled),
+            None => self.done_type(id).map(|_| TaskState::Succeeded),
         }
+    }
+
+    /// The type of `id`, if it is a record-less success (invariant 18).
+    pub(super) fn done_type(&self, id: TaskId) -> Option<u32> {
+        self.done.get(self.local(id)?)
     }
 
     /// The dormant task `id`, if it is one.
@@ -27,6 +33,27 @@ impl State {
 
     pub(crate) fn info(&self, id: TaskId, registry: &Registry) -> Option<TaskInfo> {
         let Some((_, record)) = self.record(id) else {
+            if let Some(type_index) = self.done_type(id) {
+                // A direct task: plain, priority 0, its type's settings, one run, a success.
+                let entry = registry.entry(type_index);
+                let settings = entry.settings();
+                return Some(TaskInfo {
+                    id,
+                    task_type: entry.name,
+                    queue: entry.queue,
+                    key: None,
+                    state: TaskState::Succeeded,
+                    priority: 0,
+                    attempts: 1,
+                    max_attempts: settings.max_attempts,
+                    retry_policy: settings.retry,
+                    timeout: settings.timeout,
+                    run_at: None,
+                    last_error: None,
+                    resubmitted_as: None,
+                    dependencies: Vec::new(),
+                });
+            }
             let dormant = self.dormant(id)?;
             // A dormant task is a plain one: its type's settings.
             let settings = registry.entry(dormant.type_index).settings();
@@ -103,20 +130,24 @@ impl State {
         };
         let matches = |seq: &Seq| match self.records.get(seq) {
             Some(record) => keeps(record.state, record.type_index),
-            None => self
-                .dormant
-                .get(seq)
-                .is_some_and(|d| keeps(TaskState::Scheduled, d.type_index)),
+            None => match self.dormant.get(seq) {
+                Some(dormant) => keeps(TaskState::Scheduled, dormant.type_index),
+                None => self
+                    .done
+                    .get(*seq)
+                    .is_some_and(|t| keeps(TaskState::Succeeded, t)),
+            },
         };
         let from = after.saturating_add(1);
         let end = self.next_seq.load(Ordering::Acquire);
-        let known = (self.records.len() + self.dormant.len()) as u64;
+        let known = (self.records.len() + self.dormant.len() + self.done.len()) as u64;
         let seqs: Vec<Seq> = if end.saturating_sub(from) <= known.saturating_mul(2) {
             (from..end).filter(matches).take(limit).collect()
         } else {
             let mut smallest = std::collections::BinaryHeap::new();
-            let candidates = self.records.keys().chain(self.dormant.keys());
-            for &seq in candidates.filter(|&&seq| seq >= from && matches(&seq)) {
+            let candidates = (self.records.keys().chain(self.dormant.keys()).copied())
+                .chain(self.done.iter_from(from).map(|(seq, _)| seq));
+            for seq in candidates.filter(|&seq| seq >= from && matches(&seq)) {
                 // A max-heap of the smallest ids so far: the largest goes when one more fits.
                 smallest.push(seq);
                 if smallest.len() > limit {

@@ -17,6 +17,9 @@ impl State {
     /// lock is released (its payload, output and error are user values).
     pub(super) fn forget(&mut self, seq: Seq, effects: &mut Effects) {
         let Some(mut record) = self.records.remove(&seq) else {
+            // A record-less success (invariant 18): its unread handle, if one lives, finds
+            // it nowhere, which means a unit success.
+            self.done.remove(seq);
             return;
         };
         self.release_key(record.key().map(|k| &**k), seq);
@@ -36,9 +39,10 @@ impl State {
             dormant.unread_handle = false;
         } else if let Some(completion) = self.orphans.remove(&seq) {
             effects.drop_completion_later(completion);
-        } else {
-            // Only a task still in the intake has neither (the handle's drop was pushed after
-            // its task, and taken in before it).
+        } else if !self.done.contains(seq) {
+            // Only a task still in the intake or in a worker's slot has none of these (the
+            // handle's drop was pushed after its task, and taken in before it): forgotten when
+            // the state takes the task in (`admit`, `adopt`, `record_done`).
             self.early_drops.insert(seq, ());
         }
     }
@@ -73,8 +77,10 @@ impl State {
     pub(crate) fn completion_of(&mut self, id: TaskId) -> Option<(u32, Arc<Completion>)> {
         let seq = self.local(id)?;
         self.rouse(seq);
-        let record = self.records.get_mut(&seq)?;
-        Some((record.type_index, record.outcome.shared()))
+        match self.records.get_mut(&seq) {
+            Some(record) => Some((record.type_index, record.outcome.shared())),
+            None => Some((self.done.get(seq)?, unit_success())),
+        }
     }
 
     /// The completion for the unread handle of task `id`, which reads it now: from its record,
@@ -87,7 +93,8 @@ impl State {
                 record.unread_handle = false;
                 Some(record.outcome.shared())
             }
-            None => self.orphans.remove(&seq),
+            // Kept for it; else a record-less success, remembered or forgotten (invariant 18).
+            None => Some(self.orphans.remove(&seq).unwrap_or_else(unit_success)),
         }
     }
 
@@ -113,4 +120,9 @@ impl State {
         }
         kept
     }
+}
+
+/// The outcome of a record-less success: a direct task's output is `()` (see `slots.rs`).
+pub(crate) fn unit_success() -> Arc<Completion> {
+    Completion::ended(Finished::Succeeded(Some(Box::new(()))))
 }

@@ -441,10 +441,12 @@ impl State {
     ) -> Result<CancelOutcome, CancelError> {
         let seq = self.local(id).ok_or(CancelError::UnknownTask(id))?;
         self.rouse(seq);
-        let record = self
-            .records
-            .get_mut(&seq)
-            .ok_or(CancelError::UnknownTask(id))?;
+        let Some(record) = self.records.get_mut(&seq) else {
+            return match self.done.contains(seq) {
+                true => Ok(CancelOutcome::AlreadyFinished(TaskState::Succeeded)),
+                false => Err(CancelError::UnknownTask(id)),
+            };
+        };
         match record.state {
             state if state.is_terminal() => Ok(CancelOutcome::AlreadyFinished(state)),
             TaskState::Running => {

@@ -69,6 +69,20 @@
 //!     (its own, or its queue's), and is never `Released` from one: resuming releases the whole
 //!     held queue, free. Each type's pause gate is closed exactly when a pause covers it.
 //!
+//! 17. A plain task a worker popped from the intake (a *direct* task, see `slots.rs`) is in
+//!     exactly one place: parked in its worker's slot (not started, no record), running in it
+//!     (its token's clone in the slot; a record, `Running`, with its token in `tokens`,
+//!     exactly when the slot marks it `recorded`), in its worker's done buffer (a success
+//!     with a unit output, no record), in `done`, or a record like any other task's (once a
+//!     lookup materialized it, or it ended otherwise). Each is counted in
+//!     `totals.submitted` once, when the state first holds it (admitted, materialized or
+//!     recorded as done).
+//! 18. `done` holds exactly the record-less successes retention has not forgotten; none has a
+//!     record, and each is listed once in `finished`, which retention reads for them as for
+//!     records. A handle without a completion whose task is nowhere (no record, no orphan, not
+//!     in `done`, in no slot or intake) is one of a forgotten record-less success: its outcome
+//!     is a unit success (invariant 15 holds through this rule).
+//!
 //! [`State::check_invariants`] checks these (for tests; it reads every record; the time-based
 //! halves of 12 and 13 are left to the tests of limits and breakers).
 
@@ -76,6 +90,7 @@ use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::done::Done;
 use super::gate::Gates;
 use super::ids::{IdMap, Seq};
 use super::intake::Entry;
@@ -185,8 +200,10 @@ pub(crate) struct State {
     /// Idempotency keys of live and succeeded tasks.
     pub(super) keys: HashMap<Arc<str>, Seq>,
     /// Terminal tasks, with when they finished, in that order: retention drops from the front
-    /// (without reading the old record to learn its age).
+    /// (without reading the old record to learn its age). Record-less successes too.
     pub(super) finished: VecDeque<(Seq, Stamp)>,
+    /// Direct tasks that succeeded with a unit output: no record (invariant 18).
+    pub(super) done: Done,
     /// Dead letters: failed tasks not yet resubmitted or taken, in id order. Kept past
     /// retention, up to `retention.max_dead_letters`.
     pub(super) dead: BTreeSet<Seq>,
@@ -277,6 +294,7 @@ impl State {
             early_drops: IdMap::default(),
             stamp_memo: (epoch, 0),
             finished: VecDeque::new(),
+            done: Done::default(),
             minutes: Default::default(),
             dead: BTreeSet::new(),
             counts: Counts::default(),
@@ -432,7 +450,10 @@ impl State {
             }
             match self.record(dependency.id) {
                 Some((seq, _)) => seqs.push(seq),
-                None if dependency.succeeded() && self.local(dependency.id).is_some() => {}
+                // Forgotten, seen succeeding by its handle; or a record-less success.
+                None if self
+                    .local(dependency.id)
+                    .is_some_and(|seq| dependency.succeeded() || self.done.contains(seq)) => {}
                 None => return Err(dependency.id),
             }
         }
@@ -479,6 +500,7 @@ impl State {
             payload,
             type_index,
             priority,
+            direct: _,
         } = entry;
         self.totals.submitted += 1;
         let dropped = !self.early_drops.is_empty() && self.early_drops.remove(&seq).is_some();

@@ -5,11 +5,11 @@
 use std::any::Any;
 use std::time::{Duration, Instant};
 
-use super::gate::Wakes;
-use super::intake::Intake;
+use super::intake::{Entry, Intake};
 use super::queue::Epoch;
 use super::record::Effects;
 use super::schedules::Schedules;
+use super::slots::Slots;
 use super::state::{Lend, Retention, State};
 
 use crate::model::cancel::CancelToken;
@@ -32,34 +32,45 @@ use crate::store::{
     Claim, CopyPayload, Drained, Revived, RunOutcome, Store, StoreHub, Submission, Submitted,
 };
 use crate::sync::{
-    Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak, yield_now,
+    Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, Weak, yield_now,
 };
 use crate::unwind;
 
 /// The embedded store: what the pool, its workers and its handles share in one process.
 pub(crate) struct MemoryStore {
-    state: Mutex<State>,
+    pub(super) state: Mutex<State>,
     /// Idle workers wait here (untimed).
-    work_cv: Condvar,
+    pub(super) work_cv: Condvar,
     /// The timer waits here until the earliest due time.
-    timer_cv: Condvar,
+    pub(super) timer_cv: Condvar,
     /// `shutdown` waits here for the drain and for the workers to exit.
-    done_cv: Condvar,
+    pub(super) done_cv: Condvar,
     /// A take or resubmit of a dead letter whose payload another thread is copying waits here
     /// for it to come back (see `State::lend_dead_letter`).
     lend_cv: Condvar,
     /// Plain submits, on their way into the state (see `intake.rs`); also where task ids come
     /// from, and whether the pool is closed.
     pub(super) intake: Intake,
+    /// The workers' slots: the plain tasks they took from the intake (see `slots.rs`).
+    pub(super) slots: Slots,
+    /// Whether (and until when) a worker may start a direct task without the lock: see
+    /// `State::direct_hint`, written under the lock by [`publish_hint`](Self::publish_hint).
+    pub(super) direct_hint: AtomicU64,
+    /// By type index: whether the type's plain tasks may run direct (no gate of its own, in a
+    /// pool without lanes; see `slots.rs`, rule 4), as registered...
+    direct_types: Box<[bool]>,
+    /// ...and now: no pause or queue limit holds the type (written under the lock by
+    /// [`refresh_direct_types`](Self::refresh_direct_types)).
+    pub(super) direct_now: Box<[AtomicBool]>,
     /// Bumped (under the lock) whenever tasks become ready or the pool closes: what spinning
     /// workers watch.
-    ready_epoch: AtomicU64,
+    pub(super) ready_epoch: AtomicU64,
     /// Workers spinning now.
-    spinners: AtomicUsize,
+    pub(super) spinners: AtomicUsize,
     /// The most searchers rule 1 wakes at once: the number of CPUs, at least 2.
     max_searchers: usize,
     pub(super) registry: Registry,
-    clock: Clock,
+    pub(super) clock: Clock,
     /// The pool's start on its clock: what due times are stamped from.
     pub(super) epoch: Epoch,
     /// What the pool's handles share; where unread handles' drops arrive (see `hub.rs`).
@@ -107,7 +118,19 @@ impl MemoryStore {
         // An Instant that far out always exists (Instants are at least 64-bit seconds).
         let latest_run_at = epoch + Duration::from_nanos(u64::MAX);
         let next_seq = Arc::new(AtomicU64::new(1));
+        // Lanes count each lane's running tasks: every type of such a pool is gated.
+        let plain_pool = registry.lanes.is_empty();
+        let direct_types: Box<[bool]> = registry
+            .entries()
+            .iter()
+            .map(|entry| plain_pool && !entry.is_gated())
+            .collect();
+        let direct_now = direct_types.iter().map(|&d| AtomicBool::new(d)).collect();
         MemoryStore {
+            slots: Slots::new(workers),
+            direct_hint: AtomicU64::new(u64::MAX),
+            direct_types,
+            direct_now,
             latest_run_at,
             epoch: Epoch(epoch),
             state: Mutex::new(State::new(
@@ -136,6 +159,35 @@ impl MemoryStore {
         }
     }
 
+    /// Whether plain tasks of type `type_index` may run direct, as registered (see `slots.rs`,
+    /// rule 4).
+    pub(super) fn runs_direct(&self, type_index: u32) -> bool {
+        self.direct_types
+            .get(type_index as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Whether plain tasks of type `type_index` may start direct now, without the lock (read
+    /// after the pop: see `slots.rs`, rule 4).
+    pub(super) fn runs_direct_now(&self, type_index: u32) -> bool {
+        self.direct_now
+            .get(type_index as usize)
+            .is_some_and(|now| now.load(Ordering::Acquire))
+    }
+
+    /// Rewrites [`direct_now`](Self::direct_now) after a pause, a resume or a queue limit
+    /// (under the lock, before the change is visible to anyone else).
+    fn refresh_direct_types(&self, state: &State) {
+        for (index, now) in self.direct_now.iter().enumerate() {
+            let index = index as u32;
+            now.store(
+                self.runs_direct(index) && state.may_start_direct(index),
+                Ordering::Release,
+            );
+        }
+    }
+
     /// The latest due time the delayed heap can represent (64-bit nanoseconds after the start).
     pub(crate) fn latest_run_at(&self) -> Instant {
         self.latest_run_at
@@ -148,7 +200,7 @@ impl MemoryStore {
     // ===== wake-ups =====
 
     /// Wakes a sleeper (see the module docs); returns whether one was notified.
-    fn wake_one(&self, state: &mut State) -> bool {
+    pub(super) fn wake_one(&self, state: &mut State) -> bool {
         self.wake_idle(state) || self.wake_timer(state)
     }
 
@@ -165,7 +217,7 @@ impl MemoryStore {
 
     /// Wakes the timer, if it sleeps and was not notified yet (a notified timer re-reads the
     /// earliest due time anyway).
-    fn wake_timer(&self, state: &mut State) -> bool {
+    pub(super) fn wake_timer(&self, state: &mut State) -> bool {
         if !state.timer_sleeping || state.timer_notified {
             return false;
         }
@@ -176,12 +228,17 @@ impl MemoryStore {
     }
 
     /// Rule 1: as many searchers as ready tasks.
-    fn wake_for_ready(&self, state: &mut State) {
+    pub(super) fn wake_for_ready(&self, state: &mut State) {
+        self.wake_searchers(state, 0);
+    }
+
+    /// Rule 1, counting `waiting` more tasks (intake entries) as ready.
+    pub(super) fn wake_searchers(&self, state: &mut State, waiting: usize) {
         loop {
             let searchers = state.notified
                 + usize::from(state.timer_notified)
                 + self.spinners.load(Ordering::Acquire);
-            let wanted = state.ready_len().min(self.max_searchers);
+            let wanted = (state.ready_len() + waiting).min(self.max_searchers);
             if searchers >= wanted || !self.wake_one(state) {
                 return;
             }
@@ -208,6 +265,7 @@ impl MemoryStore {
             // Rule 6 (waiters re-check due times themselves).
             self.done_cv.notify_all();
         }
+        self.publish_hint(state);
     }
 
     /// Rule 4.
@@ -240,16 +298,28 @@ impl MemoryStore {
 
     // ===== the intake =====
 
-    /// Moves what the intake holds into the state (see `intake.rs`). A closed pool still takes
-    /// it in (those producers passed their check before it closed): a stopped one cancels it at
-    /// once.
+    /// Moves what the intake holds into the state (see `intake.rs`), after `first` (entries
+    /// popped before, parked in a slot). A closed pool still takes it in (those producers
+    /// passed their check before it closed): a stopped one cancels it at once.
     ///
-    /// Delayed tasks that fell due while they waited there are promoted in due order, merged
-    /// with the delayed heap (see `State::admit`).
-    fn take_in(&self, state: &mut State, now: Instant, effects: &mut Effects) {
+    /// Entries go in by id (the order they were submitted in, give or take producers racing),
+    /// wherever they waited. Delayed tasks that fell due while they waited are promoted in due
+    /// order, merged with the delayed heap (see `State::admit`).
+    pub(super) fn take_in(
+        &self,
+        state: &mut State,
+        mut first: Vec<Entry>,
+        now: Instant,
+        effects: &mut Effects,
+    ) {
+        self.intake.drain(|entry| first.push(entry));
+        if !first.is_sorted_by_key(|entry| entry.seq) {
+            first.sort_by_key(|entry| entry.seq);
+        }
         let mut fell_due = false;
-        self.intake
-            .drain(|entry| fell_due |= state.admit(entry, now, effects));
+        for entry in first {
+            fell_due |= state.admit(entry, now, effects);
+        }
         if fell_due {
             state.promote_fallen_due(now, effects);
         }
@@ -257,45 +327,50 @@ impl MemoryStore {
 
     /// Takes in the drops of unread handles (see `hub.rs`); the outcomes kept for them go to
     /// `effects`, to be dropped once the lock is released.
-    fn take_dropped(&self, state: &mut State, effects: &mut Effects) {
+    pub(super) fn take_dropped(&self, state: &mut State, effects: &mut Effects) {
         self.hub
             .take_dropped(|seq| state.handle_dropped(seq, effects));
     }
 
-    /// [`take_in`](Self::take_in) and [`take_dropped`](Self::take_dropped).
+    /// What a lookup does first (rule 3 of `slots.rs`): the intake and the slots' contents
+    /// ([`materialize`](Self::materialize)), then [`take_dropped`](Self::take_dropped). Every
+    /// task accepted so far is in the state after.
     pub(crate) fn flush(&self, state: &mut State, now: Instant, effects: &mut Effects) {
-        self.take_in(state, now, effects);
+        self.materialize(state, now, effects);
         self.take_dropped(state, effects);
     }
 
-    /// [`flush`](Self::flush), with the wake-up rules applied to what became ready or due.
-    /// Nothing to do once the pool has stopped: `stop` moved the intake in after every task
-    /// accepted before the close was in it (`close`), and nothing is accepted after.
-    fn flush_locked(&self, state: &mut State, now: Instant) {
+    /// [`materialize`](Self::materialize), with the wake-up
+    /// rules applied to what became ready or due; what retention forgets goes to `effects`.
+    /// Nothing to do once the pool has stopped: `stop` moved the intake and the slots in after
+    /// every task accepted before the close was in one of them (`close`), and nothing is
+    /// accepted after.
+    fn flush_locked(&self, state: &mut State, now: Instant, effects: &mut Effects) {
         if state.stopping {
             return;
         }
-        let mut effects = Effects::default();
-        self.take_in(state, now, &mut effects);
-        self.notify(state, &effects);
-        debug_assert!(
-            effects.holds_nothing(),
-            "a running pool's intake drops nothing"
-        );
+        self.materialize(state, now, effects);
+        self.notify(state, effects);
     }
 
-    /// A read of the state: the intake moved in first, so that every task accepted so far is
-    /// in the state.
+    /// A read of the state: the intake and the slots moved in first, so that every task
+    /// accepted so far is in the state. What retention forgot meanwhile is dropped once the
+    /// lock is released.
     fn read<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
-        let mut state = self.state.lock();
-        let now = self.clock.now();
-        self.flush_locked(&mut state, now);
-        f(&mut state, now)
+        let mut effects = Effects::default();
+        let result = {
+            let mut state = self.state.lock();
+            let now = self.clock.now();
+            self.flush_locked(&mut state, now, &mut effects);
+            f(&mut state, now)
+        };
+        effects.apply();
+        result
     }
 
     /// Closes the pool to new tasks (idempotent), once every task accepted before is in the
     /// state (see `intake.rs`). Returns the lock.
-    fn close(&self) -> MutexGuard<'_, State> {
+    fn close(&self, effects: &mut Effects) -> MutexGuard<'_, State> {
         let mut state = self.state.lock();
         if !state.closed {
             let given = self.intake.close();
@@ -303,7 +378,7 @@ impl MemoryStore {
             // needs no lock for that, so this waits with the lock held, and nobody sees the
             // pool closed (a worker exits when it is closed and empty) before its task is in.
             loop {
-                self.flush_locked(&mut state, self.clock.now());
+                self.flush_locked(&mut state, self.clock.now(), effects);
                 if state.took_in(given) {
                     break;
                 }
@@ -316,14 +391,16 @@ impl MemoryStore {
         state
     }
 
-    /// Stops the pool (`State::stop`), wakes everyone, and drops what it cancelled once the lock
-    /// is released. Returns the tasks still running, with their type indexes.
-    fn stop(&self, mut state: MutexGuard<'_, State>) -> Vec<(TaskId, u32)> {
-        let mut effects = Effects::default();
+    /// Stops the pool (`State::stop`), wakes everyone, and drops what it cancelled (and what
+    /// `effects` held already) once the lock is released. Returns the tasks still running, with
+    /// their type indexes.
+    fn stop(&self, mut state: MutexGuard<'_, State>, mut effects: Effects) -> Vec<(TaskId, u32)> {
         let now = self.clock.now();
-        // What is still in the intake is cancelled with the rest.
+        // What is still in the intake or parked in a slot is cancelled with the rest; running
+        // direct tasks get records, whose tokens the stop fires.
         self.flush(&mut state, now, &mut effects);
         let running = state.stop(now, &mut effects);
+        self.publish_hint(&state);
         self.wake_all();
         drop(state);
         effects.apply();
@@ -376,7 +453,7 @@ impl MemoryStore {
             let mut state = self.state.lock();
             loop {
                 let now = self.clock.now();
-                self.flush_locked(&mut state, now);
+                self.flush_locked(&mut state, now, &mut dropped);
                 self.take_dropped(&mut state, &mut dropped);
                 if done(&mut state, now) {
                     break Ok(());
@@ -486,7 +563,12 @@ impl Store for MemoryStore {
     /// tasks' records, as after a finished task) and take the drops in; the outcomes go once
     /// the lock is released.
     fn take_in_dropped(&self) {
-        self.transition(|_, _, _| ());
+        let mut effects = Effects::default();
+        {
+            let mut state = self.state.lock();
+            self.take_dropped(&mut state, &mut effects);
+        }
+        effects.apply();
     }
 
     fn stats(&self) -> Stats {
@@ -594,7 +676,11 @@ impl Store for MemoryStore {
         if let PauseTarget::Schedule(name) = target {
             return self.schedules.pause(name);
         }
-        self.transition(|state, _, _| state.pause(target))
+        self.transition(|state, _, _| {
+            let paused = state.pause(target);
+            self.refresh_direct_types(state);
+            paused
+        })
     }
 
     fn resume(&self, target: &PauseTarget) -> Result<bool, PauseError> {
@@ -602,7 +688,11 @@ impl Store for MemoryStore {
         if let PauseTarget::Schedule(name) = target {
             return self.schedules.resume(name);
         }
-        self.transition(|state, now, effects| state.resume(target, now, effects))
+        self.transition(|state, now, effects| {
+            let resumed = state.resume(target, now, effects);
+            self.refresh_direct_types(state);
+            resumed
+        })
     }
 
     fn paused(&self) -> Result<Vec<Paused>, PauseError> {
@@ -616,7 +706,11 @@ impl Store for MemoryStore {
         queue: &str,
         limit: Option<u32>,
     ) -> Result<Option<u32>, QueueLimitError> {
-        self.transition(|state, now, effects| state.set_queue_limit(queue, limit, now, effects))
+        self.transition(|state, now, effects| {
+            let before = state.set_queue_limit(queue, limit, now, effects);
+            self.refresh_direct_types(state);
+            before
+        })
     }
 
     fn queue_limits(&self) -> Result<Vec<QueueLimit>, QueueLimitError> {
@@ -656,14 +750,15 @@ impl Store for MemoryStore {
     /// `from_handler`: the caller is one of the pool's handlers, whose own task cannot finish
     /// while it waits here.
     fn drain(&self, from_handler: bool, deadline: Option<Instant>) -> Drained {
-        let mut state = self.close();
+        let mut effects = Effects::default();
+        let mut state = self.close(&mut effects);
         let before = state.totals();
         if from_handler {
             state.handlers_in_shutdown += 1;
         }
         let mut deadline_reached = false;
         loop {
-            self.flush_locked(&mut state, self.clock.now());
+            self.flush_locked(&mut state, self.clock.now(), &mut effects);
             if state.drained() {
                 break;
             }
@@ -673,7 +768,7 @@ impl Store for MemoryStore {
             }
             self.clock.wait_until(&self.done_cv, &mut state, deadline);
         }
-        let running = self.stop(state);
+        let running = self.stop(state, effects);
         Drained {
             deadline_reached,
             before,
@@ -687,7 +782,9 @@ impl Store for MemoryStore {
     /// Stops the pool at once (used when it is dropped): cancels every task that has not started
     /// and fires the tokens of running ones; does not wait.
     fn stop_now(&self) {
-        self.stop(self.close());
+        let mut effects = Effects::default();
+        let state = self.close(&mut effects);
+        self.stop(state, effects);
     }
 
     /// Waits until every worker has left its loop, except those whose handlers are themselves
@@ -720,69 +817,31 @@ impl Store for MemoryStore {
             if state.standby && state.idle == 0 {
                 return Err("a standby timer, and no idle worker".to_owned());
             }
+            // Invariant 17, for what the slots hold (a worker may have parked more since the
+            // read materialized them).
+            for worker in 0..self.slots.len() {
+                let slot = self.slots.lock(worker);
+                state.check_slot(&slot)?;
+            }
             Ok(())
         })
     }
 
-    fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
-        let mut spare = spare;
-        let mut spun = false;
-        let mut state = self.state.lock();
-        loop {
-            if state.stopping {
-                return None;
-            }
-            let now = self.clock.now();
-            if let Some(claim) = self.take(&mut state, now, &mut spare) {
-                return Some(claim);
-            }
-            if state.closed && state.outstanding() == 0 {
-                return None;
-            }
-            let due = state.earliest_due(now);
-            match due {
-                Some(due) if !state.timer_sleeping => {
-                    if !self.intake.try_sleep() {
-                        continue; // a submit arrived: take it in first
-                    }
-                    state.timer_sleeping = true;
-                    self.clock.wait_until(&self.timer_cv, &mut state, Some(due));
-                    self.intake.woke(state.timer_notified);
-                    state.timer_sleeping = false;
-                    state.timer_notified = false;
-                }
-                _ if SPIN && !spun => {
-                    spun = true;
-                    let epoch = self.ready_epoch.load(Ordering::Acquire);
-                    drop(state);
-                    self.spin_for_work(epoch);
-                    state = self.state.lock();
-                }
-                _ => {
-                    if !self.intake.try_sleep() {
-                        continue;
-                    }
-                    state.idle += 1;
-                    let standby = due.filter(|_| !state.standby);
-                    state.standby |= standby.is_some();
-                    self.clock.wait_until(&self.work_cv, &mut state, standby);
-                    if standby.is_some() {
-                        state.standby = false;
-                    }
-                    state.idle -= 1;
-                    let notified = state.notified > 0;
-                    state.notified = state.notified.saturating_sub(1);
-                    self.intake.woke(notified);
-                    spun = false;
-                }
-            }
-        }
+    fn claim(&self, worker: usize, spare: Option<CancelToken>) -> Option<Claim> {
+        self.claim_for(worker, spare, None)
     }
 
     fn worker_panicked(&self, held: Option<TaskId>, message: String) {
         self.transition(|state, now, effects| {
             state.count_worker_panic();
             if let Some(id) = held {
+                // The flush gave a direct task its record; it leaves its slot here.
+                for worker in 0..self.slots.len() {
+                    let mut slot = self.slots.lock(worker);
+                    if slot.running.as_ref().is_some_and(|r| r.seq == id.seq()) {
+                        slot.running = None;
+                    }
+                }
                 state.abandon(id, message, now, effects);
             }
         });
@@ -802,12 +861,23 @@ impl Store for MemoryStore {
         token: CancelToken,
         run: RunEnd<'_>,
     ) -> Option<Claim> {
+        let worker = run.worker;
+        // A direct task's success, without the lock (rule 5 of `slots.rs`).
+        let (claim, outcome, run) = match self.end_direct(worker, claim, outcome, run) {
+            Ok(now) => {
+                let spare = token.reusable().then_some(token);
+                return self.claim_for(worker, spare, Some(now));
+            }
+            Err(back) => back,
+        };
         let mut effects = Effects::default();
         let next = {
             let mut state = self.state.lock();
             let now = self.clock.now();
             // A few relaxed stores to the worker's own counters, before the outcome is public.
             run.count(now);
+            // A direct task gets its record here if no lookup gave it one.
+            self.settle_direct(&mut state, worker, claim.id.seq(), now, &mut effects);
             state.complete(claim, outcome, now, &mut effects);
             // The record and the claim have dropped their clones of the token: if the handler
             // kept none either, the next task can have it.
@@ -815,97 +885,19 @@ impl Store for MemoryStore {
             let next = if state.stopping {
                 None
             } else {
-                self.take(&mut state, now, &mut spare)
+                self.take(&mut state, worker, now, &mut spare)
             };
             if next.is_some() {
                 // take() already woke sleepers for every task still ready.
                 effects.newly_ready = 0;
             }
-            // After take() moved the intake in: a handle is dropped after its task was
-            // pushed, so its drop almost always finds the task's record, a flag to clear. Taken
-            // first, a drop would find its task still in the intake and wait in `early_drops`
-            // until the task came in: after a worker was held up, a second map as large as
-            // the intake (every fire-and-forget submit's drop).
             self.take_dropped(&mut state, &mut effects);
             self.notify(&mut state, &effects);
             next
         };
         effects.apply();
         // Nothing to take at once: drop the user values first (above), then wait for work.
-        next.or_else(|| self.claim(None))
-    }
-}
-
-/// Whether idle workers spin before they sleep (not under loom).
-const SPIN: bool = cfg!(not(tasq_loom));
-const MAX_SPINNERS: usize = 1;
-/// Rounds of 1, 2, 4, … spin-loop hints: 127 in all.
-const SPIN_ROUNDS: u32 = 7;
-
-impl MemoryStore {
-    /// Spins for a microsecond or two, or until `ready_epoch` moves past `epoch`. At most one
-    /// worker spins at a time: more would only take the CPU from the producers. It never yields:
-    /// a spinner counts as a searcher, and a yield can cost a whole scheduler slice on a busy
-    /// machine while a ready task waits for it.
-    fn spin_for_work(&self, epoch: u64) {
-        if self.spinners.fetch_add(1, Ordering::Acquire) >= MAX_SPINNERS {
-            self.spinners.fetch_sub(1, Ordering::Release);
-            return;
-        }
-        self.intake.start_spinning();
-        for round in 0..SPIN_ROUNDS {
-            if self.ready_epoch.load(Ordering::Acquire) != epoch || self.intake.pending() > 0 {
-                break;
-            }
-            for _ in 0..(1u32 << round) {
-                std::hint::spin_loop();
-            }
-        }
-        self.intake.stop_spinning();
-        self.spinners.fetch_sub(1, Ordering::Release);
-    }
-
-    /// Promotes due tasks (and releases gates whose time has come) and takes the next ready
-    /// one, waking sleepers for what is left (rule 2). Never waits.
-    fn take(
-        &self,
-        state: &mut State,
-        now: Instant,
-        spare: &mut Option<CancelToken>,
-    ) -> Option<Claim> {
-        // Plain submits first: the best of everything submitted so far is taken.
-        let mut admitted = Effects::default();
-        self.take_in(state, now, &mut admitted);
-        debug_assert!(admitted.holds_nothing(), "never called once stopping");
-        if admitted.new_earliest {
-            // Rule 3: a sleeping timer re-reads the earliest due time; without one, this worker
-            // becomes the timer if it finds nothing, and rule 2 below wakes one if it finds a task.
-            self.wake_timer(state);
-        }
-        if state.promote_due(now) > 0 || admitted.newly_ready > 0 {
-            self.ready_epoch.fetch_add(1, Ordering::Release);
-        }
-        let mut wakes = Wakes::default();
-        let claim = state.claim_next(now, &self.clock, spare, &mut wakes);
-        if wakes.newly_ready > 0 {
-            self.ready_epoch.fetch_add(1, Ordering::Release);
-        }
-        if wakes.new_earliest {
-            // Rule 3 for a gate held shut until a time: a sleeping timer re-reads the earliest
-            // due time. Without one, this worker becomes the timer if it finds nothing, and
-            // rule 2 below wakes one if it found a task.
-            self.wake_timer(state);
-        }
-        if wakes.held && state.counts_idle() {
-            // Rule 6: holding back the last ready task leaves nothing to run.
-            self.done_cv.notify_all();
-        }
-        let claim = claim?;
-        self.wake_for_ready(state);
-        if !state.timer_sleeping && state.has_timed() {
-            self.wake_one(state);
-        }
-        Some(claim)
+        next.or_else(|| self.claim(worker, None))
     }
 }
 
@@ -934,14 +926,20 @@ impl Drop for MemoryStore {
         self.hub
             .take_dropped(|seq| state.handle_dropped(seq, &mut effects));
         let mut kept = state.take_kept();
-        // Left in the intake (never, once the pool stopped: `stop` took it in): cancelled.
-        self.intake.drain(|entry| {
+        // Left in the intake or parked in a slot (never, once the pool stopped: `stop` took
+        // them in): cancelled.
+        let mut left = Vec::new();
+        self.intake.drain(|entry| left.push(entry));
+        for worker in 0..self.slots.len() {
+            left.extend(self.slots.lock(worker).parked.drain(..));
+        }
+        for entry in left {
             if !state.early_dropped(entry.seq) {
                 let cancelled = Completion::ended(Finished::Cancelled(CancelReason::Shutdown));
                 kept.insert(entry.seq, cancelled);
             }
             effects.drop_later(entry.payload);
-        });
+        }
         for record in state.take_records() {
             effects.drop_record_later(record);
         }

@@ -144,10 +144,11 @@ impl MemoryStore {
             payload: task.payload.take(),
             type_index: task.type_index,
             priority: task.priority,
+            direct: run_at <= now && task.priority == 0 && self.runs_direct(task.type_index),
         };
         if self.intake.push(entry) == Announced::Wake {
-            // Moves the intake in (`transition` does first) and wakes whom that calls for.
-            self.transition(|_, _, _| ());
+            // Wakes whom the intake calls for; they take it (see `slots.rs`).
+            self.wake_for_intake();
         }
         Ok(Submitted {
             id,

@@ -607,7 +607,7 @@ impl Store for PgStore {
         }
     }
 
-    fn claim(&self, spare: Option<CancelToken>) -> Option<Claim> {
+    fn claim(&self, _worker: usize, spare: Option<CancelToken>) -> Option<Claim> {
         drop(spare);
         let mut local = self.local.lock();
         loop {
@@ -663,10 +663,10 @@ impl Store for PgStore {
         run: RunEnd<'_>,
     ) -> Option<Claim> {
         drop(token);
-        let timed_out = run.timed_out;
+        let (timed_out, worker) = (run.timed_out, run.worker);
         run.count(self.clock.now());
         self.complete(claim, outcome, timed_out);
-        self.claim(None)
+        self.claim(worker, None)
     }
 
     fn worker_panicked(&self, held: Option<TaskId>, message: String) {
