@@ -329,11 +329,7 @@ impl MemoryStore {
             .parked
             .front()
             .map(|front| (front.direct, front.type_index, front.run_at))?;
-        if direct
-            && !self.intake.holds_ineligible()
-            && state.may_start_direct(type_index)
-            && !state.ranks_by_age()
-        {
+        if self.may_start_parked(state, direct, type_index) {
             if state.promote_due(now) > 0 {
                 self.ready_epoch.fetch_add(1, Ordering::Release);
             }
@@ -368,17 +364,24 @@ impl MemoryStore {
     ) -> Option<Claim> {
         let mut slot = self.slots.lock(worker);
         let front = slot.parked.front()?;
-        let startable = front.direct
-            && !self.intake.holds_ineligible()
-            && state.may_start_direct(front.type_index)
-            && !state.ranks_by_age()
-            && !state.ready_first(front.run_at);
-        if !startable {
+        let (direct, type_index, submitted) = (front.direct, front.type_index, front.run_at);
+        if !self.may_start_parked(state, direct, type_index) || state.ready_first(submitted) {
             return None;
         }
         let entry = slot.parked.pop_front().expect("a parked entry");
         let stamp = state.stamp(now);
         Some(self.start_direct(&mut slot, entry, now, stamp, spare))
+    }
+
+    /// Whether a parked entry (eligible: `direct`, of type `type_index`) may start under the
+    /// lock rather than be taken in (rule 4 of `slots.rs`), if nothing ready goes first: no
+    /// ineligible entry waits in the intake, no gate holds its type now, aging does not rank
+    /// the ready tasks.
+    fn may_start_parked(&self, state: &State, direct: bool, type_index: u32) -> bool {
+        direct
+            && !self.intake.holds_ineligible()
+            && state.may_start_direct(type_index)
+            && !state.ranks_by_age()
     }
 
     /// Wakes sleepers for what waits in the intake and the ready queue (rule 1 of `mod.rs`,
