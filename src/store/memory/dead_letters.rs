@@ -118,10 +118,10 @@ impl State {
                 .unwrap_or_default()
                 .iter()
                 .map(|dep| {
-                    renamed
-                        .get(dep)
-                        .copied()
-                        .or_else(|| self.records.contains_key(dep).then_some(*dep))
+                    renamed.get(dep).copied().or_else(|| {
+                        // Remembered: a record, or a record-less success.
+                        (self.records.contains_key(dep) || self.done.contains(*dep)).then_some(*dep)
+                    })
                 })
                 .collect::<Option<Vec<Seq>>>()
             else {

@@ -400,7 +400,7 @@ mod tests {
 
     use super::*;
     use crate::model::clock::Clock;
-    use crate::model::completion::Finished;
+    use crate::model::completion::{Completion, Finished};
     use crate::model::error::CancelError;
     use crate::model::state::CancelOutcome;
     use crate::model::task::{Dependency, TaskType};
@@ -433,7 +433,7 @@ mod tests {
         let id = |seq| TaskId::from_parts(7, seq);
         {
             let mut state = store.lock();
-            // Ids 1 to 3 handed out, by the intake as it would.
+            // Ids 1 to 3 handed out, by the intake as it would (4 is the dependent's below).
             state.next_seq.store(4, Ordering::SeqCst);
             state.record_done(&mut vec![(1, 0), (2, 0)], now, &mut effects);
             assert_eq!(state.totals.submitted, 2);
@@ -462,9 +462,23 @@ mod tests {
         assert_eq!(unit, Some(true));
         {
             let mut state = store.lock();
-            // A dependency on it is met at once.
+            // A dependency on it is met at once, and listed as the dependent's.
             let dependency = Dependency::from(id(2));
-            assert_eq!(state.resolve_dependencies(&[dependency]), Ok(Vec::new()));
+            let dependencies = state.resolve_dependencies(&[dependency]);
+            assert_eq!(dependencies, Ok(vec![2]));
+            let dependent = crate::store::memory::state::NewTask {
+                type_index: 0,
+                payload: Box::new(()),
+                priority: 0,
+                run_at: now,
+                dependencies: dependencies.unwrap(),
+                key: None,
+                settings: None,
+            };
+            let (child, _) = state.insert(dependent, Completion::new(), now, &mut effects);
+            assert_eq!(state.status(child), Some(TaskState::Ready));
+            let info = state.info(child, &store.registry).expect("just inserted");
+            assert_eq!(info.dependencies, [id(2)]);
             // A third success pushes the first out: retention counts them as records.
             state.record_done(&mut vec![(3, 0)], now, &mut effects);
             assert_eq!(state.done.len(), 2);

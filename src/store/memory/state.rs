@@ -64,7 +64,7 @@
 //!     (`unread_handle`, a dormant task's too), or, once retention forgot the record, in
 //!     `orphans`, published. No
 //!     task has both a record and an orphan. `early_drops` names only tasks still in the
-//!     intake.
+//!     intake or in a worker's slot (invariant 17), none of them a record-less success.
 //! 16. A task is held at its type's pause gate only while a pause in `pauses` covers the type
 //!     (its own, or its queue's), and is never `Released` from one: resuming releases the whole
 //!     held queue, free. Each type's pause gate is closed exactly when a pause covers it.
@@ -211,8 +211,8 @@ pub(crate) struct State {
     pub(super) minutes: super::minutes::Minutes,
     /// The outcomes of forgotten tasks whose unread handle lives (invariant 15, see `hub.rs`).
     pub(super) orphans: IdMap<Arc<Completion>>,
-    /// Tasks still in the intake whose unread handle was dropped already (its drop was taken
-    /// in before the task).
+    /// Tasks still in the intake or a slot whose unread handle was dropped already (its drop
+    /// was taken in before the task).
     pub(super) early_drops: IdMap<()>,
     /// The last clock reading stamped, and its stamp (see [`State::stamp`]).
     stamp_memo: (Instant, Stamp),
@@ -450,10 +450,10 @@ impl State {
             }
             match self.record(dependency.id) {
                 Some((seq, _)) => seqs.push(seq),
-                // Forgotten, seen succeeding by its handle; or a record-less success.
-                None if self
-                    .local(dependency.id)
-                    .is_some_and(|seq| dependency.succeeded() || self.done.contains(seq)) => {}
+                // A record-less success (invariant 18): met, and listed as a dependency.
+                None if self.done_type(dependency.id).is_some() => seqs.push(dependency.id.seq()),
+                // Forgotten, seen succeeding by its handle.
+                None if dependency.succeeded() && self.local(dependency.id).is_some() => {}
                 None => return Err(dependency.id),
             }
         }
@@ -570,18 +570,25 @@ impl State {
         task.dependencies.sort_unstable();
         task.dependencies.dedup();
         // A dependency that already failed or was cancelled cancels this task at once.
-        let doomed = task
-            .dependencies
-            .iter()
-            .find_map(|dep| match self.records[dep].state {
-                TaskState::Failed => Some(CancelReason::DependencyFailed(self.id(*dep))),
-                TaskState::Cancelled => Some(CancelReason::DependencyCancelled(self.id(*dep))),
-                _ => None,
-            });
+        // A dependency without a record is a record-less success (`resolve_dependencies`
+        // checked each under this lock).
+        let doomed =
+            task.dependencies
+                .iter()
+                .find_map(|dep| match self.records.get(dep).map(|r| r.state) {
+                    Some(TaskState::Failed) => Some(CancelReason::DependencyFailed(self.id(*dep))),
+                    Some(TaskState::Cancelled) => {
+                        Some(CancelReason::DependencyCancelled(self.id(*dep)))
+                    }
+                    _ => None,
+                });
         let mut pending = 0;
         if doomed.is_none() {
             for dep in &task.dependencies {
-                let record = self.records.get_mut(dep).expect("dependencies checked");
+                let Some(record) = self.records.get_mut(dep) else {
+                    debug_assert!(self.done.contains(*dep), "dependencies checked");
+                    continue;
+                };
                 if record.state != TaskState::Succeeded {
                     // Keeps invariant 3.
                     record.extra().dependents.push(id);
