@@ -440,6 +440,9 @@ mod tests {
             assert_eq!(state.totals.succeeded, 2);
         }
         assert_eq!(store.status(id(1)), Some(TaskState::Succeeded));
+        let overview = store.overview().expect("the embedded store's");
+        assert_eq!(overview.states.succeeded, 2);
+        assert_eq!(overview.minutes.last().map(|m| m.succeeded), Some(2));
         let info = store.info(id(2)).expect("remembered");
         assert_eq!(
             (info.task_type, info.state, info.attempts),

@@ -37,6 +37,8 @@ impl State {
             scheduled: stats.scheduled,
             running: stats.running,
             dead: stats.dead_letters,
+            // The record-less successes retention still remembers; the records' below.
+            succeeded: self.done.len(),
             ..StateCounts::default()
         };
         for record in self.records.values() {
