@@ -145,11 +145,8 @@ impl MemoryStore {
             if admitted.newly_ready > 0 {
                 self.ready_epoch.fetch_add(1, Ordering::Release);
             }
-            self.wake_for_ready(state);
-            if !state.timer_sleeping && state.has_timed() {
-                self.wake_one(state);
-            }
             self.publish_hint(state);
+            self.claimed(state);
             return Some(claim);
         }
         if admitted.new_earliest {
@@ -180,10 +177,16 @@ impl MemoryStore {
         let claim = claim.or_else(|| self.start_parked(state, worker, now, spare));
         self.publish_hint(state);
         let claim = claim?;
+        self.claimed(state);
+        Some(claim)
+    }
+
+    /// Rule 2, for a worker that has just taken a task: rule 1 for the tasks still ready, and a
+    /// sleeper woken if due times have no timer.
+    fn claimed(&self, state: &mut State) {
         self.wake_for_ready(state);
         if !state.timer_sleeping && state.has_timed() {
             self.wake_one(state);
         }
-        Some(claim)
     }
 }
