@@ -264,9 +264,10 @@ fn claim_round(
             break;
         }
         let asked = wanted - rows.len();
+        let announced = store.local.lock().announced;
         let claimed = claim_rows(store, Pick::Limited(&queue), asked)?;
         if claimed.rows.len() < asked && !claimed.busy {
-            store.limited_idle(queue);
+            store.limited_idle(queue, announced);
         }
         rows.extend(claimed.rows);
     }

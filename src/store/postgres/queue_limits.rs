@@ -182,29 +182,37 @@ impl PgStore {
         limit: Option<u32>,
     ) -> Result<Option<u32>, QueueLimitError> {
         let before = set_limit(self, self.holder(), queue, limit)?;
-        self.local.lock().limited_read = None;
+        let mut local = self.local.lock();
+        local.limited_read = None;
+        local.limits_set += 1;
         Ok(before)
     }
 
     /// Reads which queues are limited if the list is older than [`REFRESH`] (a pool that
     /// cannot read it keeps the list it has: the ordinary claims pass limited queues over
     /// whatever it holds).
+    ///
+    /// A reading is kept only if this pool set no limit while it was under way: its snapshot
+    /// may predate the new row, and kept, it would stand for a whole [`REFRESH`] (a limit set
+    /// here as the pool started went unseen that long, and twenty tasks of other queues ran
+    /// before the limited one beside two CPU hogs). Not kept, the next claim reads again.
     pub(super) fn refresh_limited(&self) {
-        let due = self
-            .local
-            .lock()
-            .limited_read
-            .is_none_or(|at| at.elapsed() >= REFRESH);
-        if !due {
-            return;
-        }
+        let set_before = {
+            let local = self.local.lock();
+            if local.limited_read.is_some_and(|at| at.elapsed() < REFRESH) {
+                return;
+            }
+            local.limits_set
+        };
         let read = self
             .with_conn(|client| client.query("SELECT name FROM tasq_queues ORDER BY name", &[]));
         if let Ok(rows) = read {
             let names: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
             let mut local = self.local.lock();
-            local.limited = names;
-            local.limited_read = Some(Instant::now());
+            if local.limits_set == set_before {
+                local.limited = names;
+                local.limited_read = Some(Instant::now());
+            }
         }
     }
 
@@ -241,8 +249,16 @@ impl PgStore {
     /// submit, a notification), a run ends here (the row's queue may not be the one this pool
     /// registers its type in: any run), or a poll interval passes: without
     /// this, every fetch of a busy pool would open a transaction for a queue that cannot give.
-    pub(super) fn limited_idle(&self, queue: String) {
+    ///
+    /// `announced` is [`Local::announced`](super::store::Local::announced) as it was before that claim's statement: if new work
+    /// was announced since, the claim's snapshot may not have seen it, and the queue is not
+    /// idle (marked idle after the announcement had cleared the marks, the queue would wait a
+    /// poll interval, or for the next run here to end, with a task ready).
+    pub(super) fn limited_idle(&self, queue: String, announced: u64) {
         let until = Instant::now() + self.poll_interval;
-        self.local.lock().limited_idle.push((queue, until));
+        let mut local = self.local.lock();
+        if local.announced == announced {
+            local.limited_idle.push((queue, until));
+        }
     }
 }

@@ -124,9 +124,15 @@ pub(super) struct Local {
     /// The limited queues, as last read (`queue_limits.rs`), and when.
     pub(super) limited: Vec<String>,
     pub(super) limited_read: Option<Instant>,
+    /// How many limits this pool has set: a reading of the limited queues under way when one
+    /// was set is not kept (see [`PgStore::refresh_limited`]).
+    pub(super) limits_set: u64,
     /// Limited queues whose last claim came back short (at their limit, or nothing ready),
     /// not claimed from again until the instant, new work, or a run of theirs ends here.
     pub(super) limited_idle: Vec<(String, Instant)>,
+    /// How many times new work was announced here (each clears `limited_idle`): a claim that
+    /// began before an announcement marks no queue idle (see [`PgStore::limited_idle`]).
+    pub(super) announced: u64,
     /// The fetcher should claim now (a notification, a local submit, a finished task).
     pub(super) wake: bool,
     /// Closed to new tasks: the fetcher stops claiming.
@@ -515,6 +521,7 @@ impl PgStore {
         let mut local = self.local.lock();
         local.wake = true;
         local.limited_idle.clear();
+        local.announced += 1;
         self.fetch_cv.notify_one();
     }
 
