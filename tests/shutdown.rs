@@ -1152,11 +1152,14 @@ mod durable {
             .pool
             .submit(SELF_STOP.task(Some(submitted.number())))
             .unwrap();
-        // Oldest first: the stopper holds the only worker, and these wait behind it.
+        // Its dependent first: that submit locks the stopper's row, and a claim meanwhile
+        // passes it over (`SKIP LOCKED`) for the next ready row, which would then start before
+        // the stopper. Oldest first then: the stopper holds the only worker, and the others
+        // wait behind it.
+        let dependent = f.pool.submit(JOB.task(9).after([stopper.id()])).unwrap();
         let others: Vec<_> = (0..3)
             .map(|n| f.pool.submit(JOB.task(n)).unwrap())
             .collect();
-        let dependent = f.pool.submit(JOB.task(9).after([stopper.id()])).unwrap();
         submitted.wait();
 
         let (report, token_fired) = f.report();

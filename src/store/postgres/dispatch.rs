@@ -133,7 +133,10 @@ macro_rules! claim_statement {
 /// locks one row beyond the claim, until the statement ends, and leaves it). The rows are picked in a
 /// CTE, not in `WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`: with that form,
 /// PostgreSQL may run the subquery more than once and claim more than n rows (bug #15715).
-/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting. The
+/// `SKIP LOCKED` lets concurrent claimers pass over each other's rows instead of waiting; it
+/// passes over a ready row any other transaction holds at that instant too (a dependent's
+/// submit locks its dependency's row, a cancel the row it cancels), which the next claim then
+/// takes: the order is strict among the rows no one holds. The
 /// picked ids are updated through the primary key (`= ANY(ARRAY(...))`, evaluated once): a
 /// join with the CTE would let a generic plan (the statement is prepared once per connection)
 /// hash the whole table.
