@@ -18,6 +18,26 @@ use crate::observe::event::Event;
 use crate::store::{Submission, Submitted};
 use crate::sync::Arc;
 
+/// A new row's `run_at`, from its delay in microseconds (the SQL expression `$delay`), or its
+/// wall-clock due time in microseconds since the epoch (`$at`, NULL for none: see
+/// [`PgStore::wall_clock_due`]), on the database's clock: the one text every insert uses.
+macro_rules! run_at {
+    ($delay:literal, $at:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $at,
+            "::BIGINT IS NULL
+                  THEN tasq_now() + interval '1 microsecond' * ",
+            $delay,
+            "::BIGINT
+                  ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * ",
+            $at,
+            "::BIGINT,
+                                tasq_now()) END"
+        )
+    };
+}
+
 /// What a submit inserts, computed outside the transaction.
 pub(super) struct Insert<'a> {
     pub(super) type_name: &'static str,
@@ -125,19 +145,19 @@ pub(super) fn insert_task(
     let mut rounds = 0;
     let row = loop {
         let inserted = tx.query_opt(
-            "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at, max_attempts,
-                                     pending_deps, cancel_reason, cancel_cause, finished_at,
-                                     retry_base_us, retry_cap_us, timeout_us, queue)
-             VALUES ($1, $2, $3, $4, $5,
-                     CASE WHEN $14::BIGINT IS NULL
-                          THEN tasq_now() + interval '1 microsecond' * $6::BIGINT
-                          ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * $14,
-                                        tasq_now()) END,
-                     $7, $8, $9, $10,
-                     CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13, $15)
-             ON CONFLICT (key) WHERE key IS NOT NULL
-                 AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
-             RETURNING id",
+            concat!(
+                "INSERT INTO tasq_tasks (key, type, payload, priority, status, run_at,
+                                         max_attempts, pending_deps, cancel_reason, cancel_cause,
+                                         finished_at, retry_base_us, retry_cap_us, timeout_us,
+                                         queue)
+                 VALUES ($1, $2, $3, $4, $5, ",
+                run_at!("$6", "$14"),
+                ", $7, $8, $9, $10,
+                         CASE WHEN $5 = 'cancelled' THEN tasq_now() END, $11, $12, $13, $15)
+                 ON CONFLICT (key) WHERE key IS NOT NULL
+                     AND status IN ('blocked', 'ready', 'running', 'succeeded') DO NOTHING
+                 RETURNING id"
+            ),
             &[
                 &key,
                 &task.type_name,
@@ -193,20 +213,19 @@ pub(super) fn insert_task(
 /// that commits as it runs, with the notification that wakes idle pools if `$11` (it is due
 /// now): one round trip, where a transaction takes four (`BEGIN`, the insert, the notify,
 /// `COMMIT`). The notify rides on the insert and cannot fail it (see [`notify`]).
-pub(super) const INSERT_PLAIN: &str = "
+pub(super) const INSERT_PLAIN: &str = concat!(
+    "
     WITH inserted AS (
         INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts,
                                 retry_base_us, retry_cap_us, timeout_us, queue)
-        VALUES ($1, $2, $3, 'ready',
-                CASE WHEN $9::BIGINT IS NULL
-                     THEN tasq_now() + interval '1 microsecond' * $4::BIGINT
-                     ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * $9,
-                                   tasq_now()) END,
-                $5, $6, $7, $8, $10)
+        VALUES ($1, $2, $3, 'ready', ",
+    run_at!("$4", "$9"),
+    ", $5, $6, $7, $8, $10)
         RETURNING id
     )
     SELECT id, CASE WHEN $11::BOOL THEN pg_notify(tasq_channel(), 'ready')::TEXT END
-    FROM inserted";
+    FROM inserted"
+);
 
 /// Inserts a task without a key or dependencies ([`INSERT_PLAIN`]): its row id.
 ///
@@ -293,19 +312,19 @@ pub(super) fn insert_batch(
         let queues: Vec<&str> = plain.iter().map(|&i| inserts[i].queue).collect();
         // ids come from the sequence in the select's order, so sorted ids follow the batch.
         let rows = tx.query(
-            "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts,
-                                     retry_base_us, retry_cap_us, timeout_us, queue)
-             SELECT t.type, t.payload, t.priority, 'ready',
-                    CASE WHEN t.at IS NULL THEN tasq_now() + interval '1 microsecond' * t.delay
-                         ELSE GREATEST(TIMESTAMPTZ 'epoch' + interval '1 microsecond' * t.at,
-                                       tasq_now()) END,
-                    t.max_attempts, t.base, t.cap, t.timeout, t.queue
-             FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[],
-                         $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::TEXT[])
-                  WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, base, cap,
-                                       timeout, at, queue, n)
-             ORDER BY t.n
-             RETURNING id",
+            concat!(
+                "INSERT INTO tasq_tasks (type, payload, priority, status, run_at, max_attempts,
+                                         retry_base_us, retry_cap_us, timeout_us, queue)
+                 SELECT t.type, t.payload, t.priority, 'ready', ",
+                run_at!("t.delay", "t.at"),
+                ", t.max_attempts, t.base, t.cap, t.timeout, t.queue
+                 FROM unnest($1::TEXT[], $2::JSONB[], $3::SMALLINT[], $4::BIGINT[], $5::INT[],
+                             $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BIGINT[], $10::TEXT[])
+                      WITH ORDINALITY AS t(type, payload, priority, delay, max_attempts, base,
+                                           cap, timeout, at, queue, n)
+                 ORDER BY t.n
+                 RETURNING id"
+            ),
             &[
                 &types,
                 &payloads,
