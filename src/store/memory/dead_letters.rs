@@ -30,10 +30,13 @@ impl State {
             return Err(ResubmitError::ShutDown);
         }
         let seq = self.local(id).ok_or(ResubmitError::UnknownTask(id))?;
-        let record = self
-            .records
-            .get(&seq)
-            .ok_or(ResubmitError::UnknownTask(id))?;
+        let Some(record) = self.records.get(&seq) else {
+            // A record-less success (invariant 18) is remembered as any succeeded task is.
+            return Err(match self.done.contains(seq) {
+                true => ResubmitError::NotDeadLetter(id, TaskState::Succeeded),
+                false => ResubmitError::UnknownTask(id),
+            });
+        };
         if record.state != TaskState::Failed {
             return Err(ResubmitError::NotDeadLetter(id, record.state));
         }

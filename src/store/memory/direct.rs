@@ -401,7 +401,7 @@ mod tests {
     use super::*;
     use crate::model::clock::Clock;
     use crate::model::completion::{Completion, Finished};
-    use crate::model::error::CancelError;
+    use crate::model::error::{CancelError, ResubmitError};
     use crate::model::state::CancelOutcome;
     use crate::model::task::{Dependency, TaskType};
     use crate::observe::events::Events;
@@ -451,6 +451,14 @@ mod tests {
         assert_eq!(
             store.cancel(id(1)),
             Ok(CancelOutcome::AlreadyFinished(TaskState::Succeeded))
+        );
+        assert_eq!(
+            store.resubmit(id(1), 0).err(),
+            Some(ResubmitError::NotDeadLetter(id(1), TaskState::Succeeded))
+        );
+        assert_eq!(
+            store.resubmit(id(4), 0).err(),
+            Some(ResubmitError::UnknownTask(id(4)))
         );
         let listed: Vec<_> = store
             .tasks(&crate::observe::stats::TaskFilter::default(), None, 10)
