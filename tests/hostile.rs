@@ -1141,6 +1141,70 @@ fn item4_a_payload_whose_drop_calls_back_into_the_pool_does_not_deadlock() {
     );
 }
 
+// ===== issue 24: direct runs =====
+
+/// The payload of an [`UNRULY`] task: its `Drop` panics, or calls back into the pool.
+#[derive(Debug)]
+enum Unruly {
+    Panics(#[allow(dead_code)] PanicsOnDrop),
+    CallsBack(#[allow(dead_code)] ReentersOnDrop),
+}
+
+/// A type whose plain tasks run direct: a unit output, on a pool without lanes or gates.
+const UNRULY: TaskType<Unruly, ()> = TaskType::new("unruly");
+
+/// Issue 24: plain tasks of a unit output (no key, dependency, delay or priority, on a pool
+/// without lanes or gates) run direct: from the worker's slot, without the pool's lock, their
+/// successes kept in the slot's done buffer with no record. Their payloads are dropped on that
+/// path, once the slot's lock is let go: half panic, half call back into the pool (its
+/// `stats()`, which takes every slot's lock and the pool's, and a submit). Every task
+/// succeeds, each call back sees both workers and is accepted, and no panic escapes.
+#[test]
+fn issue24_direct_runs_whose_payloads_panic_or_call_back_when_dropped() {
+    watchdog(
+        "deadlock: issue 24, a direct run's payload Drop called back into the pool",
+        || {
+            const TASKS: u32 = 200;
+            let pool = TestPool::new(
+                builder(2).register(UNRULY, |_, _: &Unruly| Ok::<_, HandlerError>(())),
+            );
+            let (callback, reports) = Callback::new(&pool);
+            let mut kept = Vec::new();
+            for n in 0..TASKS {
+                let payload = if n % 2 == 0 {
+                    Unruly::Panics(PanicsOnDrop("a direct run's payload"))
+                } else {
+                    Unruly::CallsBack(ReentersOnDrop(callback.clone()))
+                };
+                let handle = pool.submit(UNRULY.task(payload)).unwrap();
+                // Half the handles dropped at once, half read at the end.
+                if n % 4 < 2 {
+                    kept.push(handle);
+                }
+            }
+            drop(callback);
+            for handle in &kept {
+                assert_eq!(outcome(handle, "a direct run"), Outcome::Succeeded(()));
+            }
+            for _ in 0..TASKS / 2 {
+                let seen = recv(&reports, "deadlock: issue 24, a direct run's payload Drop");
+                assert_eq!(seen.workers, 2, "{seen:?}");
+                assert_eq!(seen.submitted, Ok(()), "{seen:?}");
+            }
+            assert_workers_alive(&pool, 2, "after direct runs' payloads panicked");
+            let report = shut_down(&pool);
+            // The tasks, the jobs their payloads submitted, and the roll call's two.
+            assert_eq!(
+                report.succeeded,
+                u64::from(TASKS + TASKS / 2) + 2,
+                "{report:?}"
+            );
+            assert_eq!(pool.stats().totals.worker_panics, 0);
+            assert_eq!(pool.check_invariants(), Ok(()));
+        },
+    );
+}
+
 // ===== 5: shutdown from inside a handler =====
 
 /// A task whose handler calls `pool.shutdown(Duration::MAX)` and reports what it returned.
