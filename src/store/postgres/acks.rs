@@ -18,7 +18,15 @@ use crate::unwind;
 /// How a run ends, as the store writes it.
 pub(super) enum Ending {
     Succeeded(Value, Box<dyn Any + Send + Sync>),
-    Retry { delay: Duration, error: String },
+    /// `attempt`: the attempt that asked for it, for its event. Not read from the pool's entry
+    /// for the row: once the retry is written, this pool's fetcher may claim the row again
+    /// and put the next attempt's entry in its place before the event is told (beside two CPU
+    /// hogs, a first attempt's retry was told as the second's).
+    Retry {
+        delay: Duration,
+        error: String,
+        attempt: u32,
+    },
     Failed(Failure),
 }
 

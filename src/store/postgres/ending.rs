@@ -74,7 +74,11 @@ impl PgStore {
                     }
                 }
             }
-            RunOutcome::Retry { delay, error } => Ending::Retry { delay, error },
+            RunOutcome::Retry { delay, error } => Ending::Retry {
+                delay,
+                error,
+                attempt: claim.attempt,
+            },
             RunOutcome::Failed(mut failure) => {
                 failure.attempts = claim.attempt;
                 Ending::Failed(failure)
@@ -174,11 +178,18 @@ impl PgStore {
                     task_type,
                     reason: CancelReason::Requested,
                 }),
-                (Some(TaskState::Scheduled), Ending::Retry { delay, error }) => {
+                (
+                    Some(TaskState::Scheduled),
+                    Ending::Retry {
+                        delay,
+                        error,
+                        attempt,
+                    },
+                ) => {
                     self.events.lifecycle(|| Event::Retrying {
                         id,
                         task_type,
-                        attempt,
+                        attempt: *attempt,
                         delay: *delay,
                         error: error.clone(),
                     });
@@ -338,7 +349,7 @@ impl PgStore {
         // version, under its lock). A success never comes here: the completer writes it
         // (`completer.rs`); were one to, the general path would write it too.
         let fast = match ending {
-            Ending::Retry { delay, error } => self.with_conn_at(ended_at, |c| {
+            Ending::Retry { delay, error, .. } => self.with_conn_at(ended_at, |c| {
                 c.execute(
                     "UPDATE tasq_tasks SET status = 'ready', last_error = $3, lease_id = NULL,
                             lease_until = NULL,
@@ -440,7 +451,7 @@ pub(super) fn write_ending_tx(
             done.push(seq);
             TaskState::Succeeded
         }
-        (None, Ending::Retry { delay, error }) => {
+        (None, Ending::Retry { delay, error, .. }) => {
             tx.execute(
                 "UPDATE tasq_tasks SET status = 'ready', last_error = $2, lease_id = NULL,
                         lease_until = NULL, run_at = tasq_now() + interval '1 microsecond' * $3::BIGINT,
