@@ -306,8 +306,7 @@ impl PgStore {
         }
         // Every idle limited queue is tried again (see `queue_limits.rs`): the row's queue may
         // not be the one this pool registers its type in.
-        local.limited_idle.clear();
-        local.announced += 1;
+        local.announce();
         local.wake = true;
         if local.wants_claim() {
             self.fetch_cv.notify_one();

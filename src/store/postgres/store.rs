@@ -158,6 +158,14 @@ impl Local {
         self.queue.is_empty() && self.running.is_empty()
     }
 
+    /// New work was announced here (a local submit, a notification, a run's end): every idle
+    /// limited queue is tried again, and a limited claim already under way marks none idle
+    /// (see [`PgStore::limited_idle`]).
+    pub(super) fn announce(&mut self) {
+        self.limited_idle.clear();
+        self.announced += 1;
+    }
+
     /// Whether the fetcher should claim for some lane (see [`Lane::wants_claim`]).
     pub(super) fn wants_claim(&self) -> bool {
         self.lanes.iter().any(Lane::wants_claim)
@@ -520,8 +528,7 @@ impl PgStore {
     pub(super) fn wake_fetcher(&self) {
         let mut local = self.local.lock();
         local.wake = true;
-        local.limited_idle.clear();
-        local.announced += 1;
+        local.announce();
         self.fetch_cv.notify_one();
     }
 
